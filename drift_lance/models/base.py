@@ -1,0 +1,122 @@
+"""The model boundary: one chat protocol and one embedder protocol.
+
+Everything above this module (primer, local search, reduce, service) talks to models only through
+these types, so backends (OpenAI-compatible HTTP, in-process llama.cpp, scripted test doubles) are
+interchangeable and selected by name from config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import BaseModel
+
+Role = Literal["system", "user", "assistant"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage of one or more calls. `counted` is True when tokens were counted locally
+    because the server did not report usage."""
+
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    calls: int = 0
+    counted: bool = False
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.output_tokens + other.output_tokens,
+            self.calls + other.calls,
+            self.counted or other.counted,
+        )
+
+
+@dataclass(slots=True)
+class ChatResult:
+    text: str
+    usage: Usage
+    parsed: BaseModel | None = None  # set when a response_model was asked for and validated
+    model: str = ""
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatParams:
+    """Per-call generation parameters. None means: the backend's / server's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    n: int | None = None
+    seed: int | None = None
+
+
+class ModelError(RuntimeError):
+    """A model call failed for good (after retries) or returned output that could not be used."""
+
+
+class StructuredOutputError(ModelError):
+    """The model answered, but no valid JSON for the requested schema could be recovered."""
+
+    def __init__(self, message: str, *, text: str = "", usage: Usage | None = None):
+        super().__init__(message)
+        self.text = text
+        self.usage = usage or Usage()
+
+
+class ChatStream(Protocol):
+    """An async iterator of text deltas; `usage` is complete once iteration has finished.
+    `aclose()` cancels the underlying request."""
+
+    usage: Usage
+
+    def __aiter__(self) -> AsyncIterator[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """An async chat model. Implementations must be safe to call concurrently."""
+
+    model_id: str
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        params: ChatParams | None = None,
+        response_model: type[BaseModel] | None = None,
+    ) -> ChatResult:
+        """One completion. With `response_model`, the result's `parsed` is a validated instance
+        (or StructuredOutputError is raised)."""
+        ...
+
+    def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> ChatStream:
+        """Text deltas of one completion; the returned stream's `usage` is filled in once it is
+        exhausted."""
+        ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    model_id: str
+    dimension: int
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Return a float32 matrix of shape (len(texts), dimension), L2-normalised rows."""
+        ...

@@ -1,0 +1,94 @@
+"""Read access to an ingested index: the contract the engine codes against.
+
+`ingest` writes LanceDB tables (see `drift_lance.schema`) plus a manifest; the engine opens them
+through an `IndexStore`. The store pins every table to the version named by the newest complete
+manifest, so a half-finished ingest is never visible to queries.
+
+Implementations: `drift_lance._lance_store.LanceStore` (any LanceDB URI: local path, s3://, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import polars as pl
+from pydantic import BaseModel, Field
+
+
+class VectorColumnInfo(BaseModel):
+    table: str
+    dimension: int
+    model: str = "unknown"  # embedding model id; "unknown" for reused vectors of unnamed origin
+    source: str = ""  # where the vectors came from: "graphrag-lancedb", "parquet", "computed", ...
+
+
+class TableInfo(BaseModel):
+    name: str
+    version: int  # LanceDB table version pinned by this manifest
+    rows: int
+    vector_index: str | None = None  # e.g. "IVF_HNSW_SQ" when an ANN index exists, else None
+    scalar_indexes: list[str] = Field(default_factory=list)
+
+
+class Manifest(BaseModel):
+    generation: int  # increases by one per completed ingest
+    source_path: str
+    layout: str  # e.g. "graphrag-3", "graphrag-1", "graphrag-0.4"
+    tables: dict[str, TableInfo]
+    vectors: dict[str, VectorColumnInfo]  # keyed by table name
+    ingested_at: str  # ISO-8601 UTC
+    drift_lance_version: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoreError(RuntimeError):
+    """Opening or reading the index failed; the message names the URI / table / column."""
+
+
+class IndexStore(Protocol):
+    uri: str
+    manifest: Manifest
+
+    def has_table(self, table: str) -> bool: ...
+
+    async def search(
+        self,
+        table: str,
+        vector: np.ndarray,
+        k: int,
+        *,
+        columns: Sequence[str] | None = None,
+    ) -> pl.DataFrame:
+        """Top-k rows by cosine similarity to `vector` (best first), with the requested columns plus
+        `_similarity` (float, 1 = identical). Uses the ANN index when the table has one, otherwise an
+        exact search. Raises StoreError on a dimension mismatch, naming both dimensions."""
+        ...
+
+    async def fetch(
+        self,
+        table: str,
+        key: str,
+        values: Sequence[Any],
+        *,
+        columns: Sequence[str] | None = None,
+    ) -> pl.DataFrame:
+        """All rows whose `key` column is in `values` (exact; uses the scalar index). Row order is
+        unspecified; callers sort."""
+        ...
+
+    async def scan(
+        self,
+        table: str,
+        *,
+        where: str | None = None,
+        columns: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> pl.DataFrame:
+        """Rows matching a LanceDB SQL filter (or all rows). For small tables and tests."""
+        ...
+
+    async def count(self, table: str) -> int: ...
+
+    async def close(self) -> None: ...
