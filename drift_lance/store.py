@@ -16,6 +16,10 @@ import numpy as np
 import polars as pl
 from pydantic import BaseModel, Field
 
+from drift_lance.errors import StoreError
+
+__all__ = ["IndexStore", "Manifest", "StoreError", "TableInfo", "VectorColumnInfo"]
+
 
 class VectorColumnInfo(BaseModel):
     table: str
@@ -41,10 +45,6 @@ class Manifest(BaseModel):
     ingested_at: str  # ISO-8601 UTC
     drift_lance_version: str
     options: dict[str, Any] = Field(default_factory=dict)
-
-
-class StoreError(RuntimeError):
-    """Opening or reading the index failed; the message names the URI / table / column."""
 
 
 class IndexStore(Protocol):

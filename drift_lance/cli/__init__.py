@@ -1,0 +1,85 @@
+"""`drift-lance` command line.
+
+Each subcommand lives in its own module exposing `register(subparsers)`, which adds a parser whose
+`func` default is `run(args) -> int`. Errors that are the user's (bad input, missing database)
+exit 2 with one line on stderr; runtime failures exit 1; tracebacks only with --verbose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Subcommand modules, in --help order.
+_COMMAND_MODULES = (
+    "ingest_cmd",
+    "query_cmd",
+    "context_cmd",
+    "inspect_cmd",
+    "serve_cmd",
+    "demo_cmd",
+)
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """The user's input is wrong (exit 2)."""
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """Errors caused by the user's input: bad files, bad config, missing database."""
+    from drift_lance.errors import USER_ERRORS
+
+    return USER_ERRORS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="drift-lance",
+        description="GraphRAG DRIFT search on LanceDB: ingest once, query fast.",
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"drift_lance.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"drift_lance.cli.{name}":
+                continue  # subcommand not present in this build
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("drift-lance: interrupted", file=sys.stderr)
+        return 130
+    except (UsageError, *_user_error_types()) as exc:
+        if args.verbose:
+            raise
+        print(f"drift-lance {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if args.verbose:
+            raise
+        print(f"drift-lance {args.command}: failed: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,29 @@
+"""Error types shared across the package. Messages name the file, table, column or field at fault."""
+
+from __future__ import annotations
+
+
+class DriftLanceError(Exception):
+    """Base class of drift-lance's own errors."""
+
+
+class ConfigError(DriftLanceError, ValueError):
+    """A setting is invalid; the message names the field."""
+
+
+class IngestError(DriftLanceError):
+    """The GraphRAG input is unusable; the message names the file and column."""
+
+
+class EmbeddingMismatchError(DriftLanceError):
+    """Query embeddings would not be comparable with the stored vectors."""
+
+
+# Errors that are the user's to fix: the CLI exits 2 for these, the service answers 4xx.
+class StoreError(DriftLanceError):
+    """Opening or reading the index failed (missing database or table, no complete ingest, dimension
+    mismatch); the message names the URI / table / column."""
+
+
+# Errors that are the user's to fix: the CLI exits 2 for these, the service answers 4xx.
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, EmbeddingMismatchError, StoreError)
