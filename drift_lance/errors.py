@@ -19,7 +19,6 @@ class EmbeddingMismatchError(DriftLanceError):
     """Query embeddings would not be comparable with the stored vectors."""
 
 
-# Errors that are the user's to fix: the CLI exits 2 for these, the service answers 4xx.
 class StoreError(DriftLanceError):
     """Opening or reading the index failed (missing database or table, no complete ingest, dimension
     mismatch); the message names the URI / table / column."""
