@@ -1,0 +1,237 @@
+"""DRIFT search settings: graphrag's `drift_search` block, field for field, plus a few extensions.
+
+Sources, lowest precedence first: defaults (graphrag 3.x's), a config file (TOML or YAML; a
+`drift_search:` / `[drift_search]` or `drift:` section, or the whole file), environment variables
+`DRIFT_LANCE_DRIFT__<FIELD>` (e.g. `DRIFT_LANCE_DRIFT__N_DEPTH=2`), then `--set KEY=VALUE` strings.
+A graphrag `settings.yaml` is accepted as is: its `drift_search:` block is read and keys we do not
+know are ignored with a warning. Prompt paths in a file are resolved relative to that file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import tomllib
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from drift_lance.errors import ConfigError
+
+__all__ = ["DRIFTSearchConfig", "ENV_PREFIX", "load_drift_config", "parse_set_options", "read_config_mapping"]
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "DRIFT_LANCE_DRIFT__"
+
+# Keys graphrag versions wrote in `drift_search:` that have another name here.
+_RENAMED_KEYS = {"chat_model_id": "completion_model_id"}
+_SECTION_NAMES = ("drift_search", "drift")
+
+
+class DRIFTSearchConfig(BaseModel):
+    """Every field of graphrag's DRIFTSearchConfig (same names, same defaults) plus drift-lance
+    extensions at the end. Token budgets count tokens with the query tokenizer."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    # --- prompts (paths to text files; None = the bundled prompts/drift_*.txt) ---
+    prompt: str | None = Field(None, description="Local follow-up prompt file ({global_query}, {followups}, {context_data}, {response_type}).")
+    reduce_prompt: str | None = Field(None, description="Reduce prompt file ({context_data}, {response_type}).")
+
+    # --- models: names of entries in the models settings ---
+    completion_model_id: str = Field("default_completion_model", description="Chat model entry used for every DRIFT call.")
+    embedding_model_id: str = Field("default_embedding_model", description="Embedder entry used for the HyDE and follow-up query vectors.")
+
+    # --- budgets and generation parameters ---
+    data_max_tokens: int = Field(12_000, gt=0, description="Token budget of the intermediate answers sent to the reduce call (lowest scores dropped first).")
+    reduce_max_tokens: int | None = Field(None, gt=0, description="Cap on reduce output tokens (max_tokens) when reduce_max_completion_tokens is unset.")
+    reduce_temperature: float = Field(0.0, ge=0, le=2, description="Temperature of the reduce call.")
+    reduce_max_completion_tokens: int | None = Field(None, gt=0, description="Cap on reduce output tokens; wins over reduce_max_tokens.")
+    concurrency: int = Field(32, ge=1, description="Most LLM calls in flight at once for one query (HyDE, primer folds, actions, reduce).")
+    drift_k_followups: int = Field(20, ge=1, description="Reports the primer retrieves, and actions run per epoch.")
+    primer_folds: int = Field(5, ge=1, description="Primer calls; the top reports are split into this many folds.")
+    primer_llm_max_tokens: int = Field(12_000, gt=0, description="Token budget of the report text in one primer call.")
+    n_depth: int = Field(3, ge=0, description="Follow-up epochs after the primer.")
+
+    # --- local search run for each action ---
+    local_search_text_unit_prop: float = Field(0.9, ge=0, le=1, description="Share of the local context budget for text units.")
+    local_search_community_prop: float = Field(0.1, ge=0, le=1, description="Share of the local context budget for community reports.")
+    local_search_top_k_mapped_entities: int = Field(10, ge=1, description="Entities mapped to each follow-up query.")
+    local_search_top_k_relationships: int = Field(10, ge=0, description="Out-of-network relationships per mapped entity.")
+    local_search_max_data_tokens: int = Field(12_000, gt=0, description="Token budget of one local context.")
+    local_search_temperature: float = Field(0.0, ge=0, le=2, description="Temperature of the action calls.")
+    local_search_top_p: float = Field(1.0, gt=0, le=1, description="top_p of the action calls.")
+    local_search_n: int = Field(1, ge=1, description="n of the action calls (the first choice is used).")
+    local_search_llm_max_gen_tokens: int | None = Field(None, gt=0, description="Cap on action output tokens when the completion-tokens cap is unset.")
+    local_search_llm_max_gen_completion_tokens: int | None = Field(None, gt=0, description="Cap on action output tokens; wins over local_search_llm_max_gen_tokens.")
+
+    # --- drift-lance extensions ---
+    primer_prompt: str | None = Field(None, description="Primer prompt file ({query}, {community_reports}, {followups}).")
+    hyde_prompt: str | None = Field(None, description="HyDE expansion prompt file ({query}, {template}).")
+    response_type: str = Field("multiple paragraphs", min_length=1, description="Target length and format of the answers.")
+    action_ranking: Literal["random", "parent_score"] = Field("random", description="Order of open actions: the reference's random order, or best parent score first.")
+    seed: int | None = Field(None, description="Seed of the HyDE template pick and the random action order (reproducible runs).")
+    llm_timeout: float | None = Field(180.0, gt=0, description="Seconds one LLM call may take (for streams: the wait for the next token); None = no limit.")
+
+    @model_validator(mode="after")
+    def _props_fit_budget(self) -> DRIFTSearchConfig:
+        total = self.local_search_text_unit_prop + self.local_search_community_prop
+        if total > 1.0 + 1e-9:
+            raise ValueError(
+                "local_search_text_unit_prop + local_search_community_prop must be <= 1 "
+                f"(got {self.local_search_text_unit_prop} + {self.local_search_community_prop})"
+            )
+        return self
+
+    # Output-token caps as sent to the model: the *_completion_tokens field wins, like OpenAI's API.
+    @property
+    def reduce_output_cap(self) -> int | None:
+        return self.reduce_max_completion_tokens or self.reduce_max_tokens
+
+    @property
+    def action_output_cap(self) -> int | None:
+        return self.local_search_llm_max_gen_completion_tokens or self.local_search_llm_max_gen_tokens
+
+
+FIELDS = tuple(DRIFTSearchConfig.model_fields)
+_PROMPT_FIELDS = ("prompt", "reduce_prompt", "primer_prompt", "hyde_prompt")
+
+
+def load_drift_config(
+    path: str | Path | None = None,
+    overrides: Mapping[str, str] | Iterable[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    base: DRIFTSearchConfig | None = None,
+) -> DRIFTSearchConfig:
+    """Defaults (or `base`) < file < `DRIFT_LANCE_DRIFT__*` env vars < overrides (`{"n_depth": "2"}`
+    or `["n_depth=2"]`). Raises ConfigError naming the file / variable / field at fault."""
+    values: dict[str, Any] = base.model_dump() if base is not None else {}
+    origin: dict[str, str] = {}
+    if path is not None:
+        file_values = _read_config_file(Path(path))
+        values.update(file_values)
+        origin.update({key: f"config file {path}" for key in file_values})
+    env_values = _env_values(os.environ if env is None else env)
+    values.update({key: value for key, (value, _) in env_values.items()})
+    origin.update({key: f"environment variable {var}" for key, (_, var) in env_values.items()})
+    set_values = overrides if isinstance(overrides, Mapping) else parse_set_options(overrides)
+    for key, value in set_values.items():
+        field = _known_field(key, where=f"--set {key}={value}")
+        values[field] = _coerce_text(field, value) if isinstance(value, str) else value
+        origin[field] = f"--set {key}"
+    return _validate(values, origin)
+
+
+def parse_set_options(items: Iterable[str]) -> dict[str, str]:
+    """`["n_depth=2", "seed=7"]` -> `{"n_depth": "2", "seed": "7"}`."""
+    parsed: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a DRIFT field name as KEY")
+        parsed[key.strip()] = value.strip()
+    return parsed
+
+
+def _validate(values: dict[str, Any], origin: Mapping[str, str]) -> DRIFTSearchConfig:
+    try:
+        return DRIFTSearchConfig.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(part) for part in err["loc"]) or "(config)"
+            source = origin.get(field)
+            where = f" (from {source})" if source else ""
+            got = f", got {err['input']!r}" if err["loc"] else ""
+            problems.append(f"drift config field {field!r}{where}: {err['msg']}{got}")
+        raise ConfigError("; ".join(problems)) from None
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    return _known_values(_drift_section(read_config_mapping(path), path), path)
+
+
+def read_config_mapping(path: Path) -> dict[str, Any]:
+    """The parsed TOML/YAML file as a dict (ConfigError naming the file when it is unusable)."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_text(encoding="utf-8")
+        if suffix == ".toml":
+            data = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file {path}: unsupported extension {suffix!r} (use .toml, .yaml or .yml)")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: cannot parse: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    return data
+
+
+def _drift_section(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    for name in _SECTION_NAMES:
+        if name in data:
+            section = data[name] or {}
+            if not isinstance(section, dict):
+                raise ConfigError(f"config file {path}: section {name!r} must be a mapping")
+            return section
+    # No section: the file is a bare DRIFT config if it names any of our fields; otherwise it is
+    # some other settings file (e.g. graphrag's without a drift_search block) and gives defaults.
+    if any(_canonical(key) in FIELDS for key in data):
+        return data
+    return {}
+
+
+def _known_values(section: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        field = _canonical(str(key))
+        if field not in FIELDS:
+            log.warning("config file %s: ignoring unknown drift_search key %r", path, key)
+            continue
+        if field in _PROMPT_FIELDS and isinstance(value, str) and value:
+            value = str((path.parent / value).resolve()) if not Path(value).is_absolute() else value
+        values[field] = value
+    return values
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    found: dict[str, tuple[str, str]] = {}
+    for var, value in env.items():
+        if var.upper().startswith(ENV_PREFIX):
+            field = _known_field(var[len(ENV_PREFIX):].lower(), where=f"environment variable {var}")
+            found[field] = (_coerce_text(field, value), var)
+    return found
+
+
+def _canonical(key: str) -> str:
+    key = key.strip().lower().replace("-", "_")
+    return _RENAMED_KEYS.get(key, key)
+
+
+def _known_field(key: str, *, where: str) -> str:
+    field = _canonical(key)
+    if field in FIELDS:
+        return field
+    close = [name for name in FIELDS if name.startswith(field)] or difflib.get_close_matches(field, FIELDS, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"{where}: unknown drift config field {key!r}{hint}")
+
+
+def _coerce_text(field: str, value: str) -> Any:
+    """Strings from env / --set: pydantic's lax mode turns "2" into 2 and "0.5" into 0.5; we only
+    map "none"/"null"/"" to None for optional fields."""
+    optional = type(None) in typing.get_args(DRIFTSearchConfig.model_fields[field].annotation)
+    if optional and value.strip().lower() in ("none", "null", ""):
+        return None
+    return value

@@ -1,0 +1,72 @@
+"""Ingest and store settings: ANN index choice and parameters, embedding batches, read-side tuning.
+
+Defaults come from measurements on a 2-core machine (see README, section "Ingest"): below
+`ann_min_rows` rows a table gets no ANN index and the store answers with an exact in-memory scan;
+above it an IVF_HNSW_SQ index keeps recall@10 >= 0.95.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VectorIndexType = Literal["IVF_HNSW_SQ", "IVF_PQ", "IVF_FLAT"]
+
+
+class VectorIndexConfig(BaseModel):
+    """How the ANN index of a vector column is built."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: VectorIndexType = "IVF_HNSW_SQ"
+    # IVF partitions; None = LanceDB's default (about sqrt(rows)). Fewer, larger partitions
+    # give better recall per probe for HNSW-in-partition indexes.
+    num_partitions: int | None = None
+    # IVF_PQ only: sub-vectors per vector; None = dim / 16 (LanceDB default is dim / 16 too).
+    num_sub_vectors: int | None = None
+    # IVF_HNSW_SQ only: graph degree and construction beam.
+    m: int = 20
+    ef_construction: int = 300
+    # Vectors are unit-normalised, so cosine and dot rank alike; cosine keeps `_distance` in [0, 2].
+    distance_type: Literal["cosine"] = "cosine"
+
+
+class SearchTuning(BaseModel):
+    """Read-side ANN parameters (the store uses these for tables that have an ANN index)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nprobes: int = Field(default=20, ge=1, description="IVF partitions probed per query")
+    refine_factor: int | None = Field(
+        default=None, ge=1, description="re-rank k*refine_factor candidates with full vectors (PQ needs it)"
+    )
+    ef: int | None = Field(default=None, ge=1, description="HNSW search beam; None = LanceDB default")
+
+
+class StoreConfig(BaseModel):
+    """How `open_store` reads an ingested index."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    search: SearchTuning = Field(default_factory=SearchTuning)
+    # `fetch()` splits long key lists into IN (...) filters of this many values.
+    fetch_chunk_size: int = Field(default=1000, ge=1)
+
+
+class IngestConfig(BaseModel):
+    """Settings of `ingest.run_ingest` / `drift-lance ingest`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # A table gets an ANN index once it has at least this many rows; below, exact search answers.
+    ann_min_rows: int = Field(default=10_000, ge=1)
+    vector_index: VectorIndexConfig = Field(default_factory=VectorIndexConfig)
+    # Texts per embedder call when vectors have to be computed.
+    embed_batch_size: int = Field(default=64, ge=1)
+    # Rows per record batch when writing a table (bounds memory for large indexes).
+    write_batch_rows: int = Field(default=50_000, ge=1)
+    # Build BTREE indexes from `drift_lance.schema.SCALAR_INDEXES`.
+    scalar_indexes: bool = True
+    # Delete table versions older than the one the previous manifest pins, after a successful ingest.
+    cleanup_old_versions: bool = True

@@ -1,0 +1,83 @@
+"""Local search settings: graphrag's `local_search` block plus the context builder's parameters.
+
+Field names and defaults follow graphrag 3.x (`LocalSearchDefaults` and the parameters the graphrag
+API passes to `LocalSearchMixedContext.build_context`), so a graphrag `local_search:` block can be
+used as is. `top_k_mapped_entities` (the builder's name) is accepted for `top_k_entities`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["LocalSearchConfig"]
+
+
+class LocalSearchConfig(BaseModel):
+    """Every knob of a local search. Token budgets use `encoding` (o200k_base, like graphrag 3.x)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    # --- graphrag's local_search settings ---
+    prompt: str | None = Field(None, description="System prompt file ({context_data}, {response_type}); None = bundled.")
+    completion_model_id: str = Field("default_completion_model", description="Chat model entry for the answer.")
+    embedding_model_id: str = Field("default_embedding_model", description="Embedder entry for the query vector.")
+    max_context_tokens: int = Field(12_000, ge=0, description="Token budget of the whole context.")
+    text_unit_prop: float = Field(0.5, ge=0, le=1, description="Share of the budget for source text units.")
+    community_prop: float = Field(0.15, ge=0, le=1, description="Share of the budget for community reports.")
+    conversation_history_max_turns: int = Field(5, ge=0, description="Previous user turns used.")
+    top_k_entities: int = Field(
+        10,
+        ge=0,
+        validation_alias=AliasChoices("top_k_entities", "top_k_mapped_entities"),
+        description="Entities mapped to the query (the ANN query asks for twice as many, like graphrag).",
+    )
+    top_k_relationships: int = Field(10, ge=0, description="Out-of-network relationships kept per selected entity.")
+
+    # --- LocalSearchMixedContext parameters, with the values graphrag's API passes ---
+    community_level: int = Field(2, ge=0, description="Deepest community level used for membership and reports.")
+    include_claims: bool = Field(True, description="Add the claims (covariates) section when the index has one.")
+    conversation_history_user_turns_only: bool = True
+    include_entity_rank: bool = True
+    rank_description: str = "number of relationships"
+    include_relationship_weight: bool = True
+    relationship_ranking_attribute: Literal["rank", "weight"] = "rank"
+    include_community_rank: bool = False
+    min_community_rank: float = 0
+    use_community_summary: bool = False
+    community_context_name: str = "Reports"
+    column_delimiter: str = Field("|", min_length=1)
+    include_entity_names: list[str] = Field(default_factory=list)
+    exclude_entity_names: list[str] = Field(default_factory=list)
+
+    # --- drift-lance extensions ---
+    encoding: Literal["o200k_base", "cl100k_base"] = Field("o200k_base", description="Token encoding for budgets.")
+    response_type: str = Field("multiple paragraphs", min_length=1, description="Target length and format of the answer.")
+    reproduce_reference_defects: bool = Field(
+        False,
+        description=(
+            "Render graphrag 3.x's two empty-section defects verbatim: an empty Reports section as the "
+            "literal '[]', and an Entities header with no rows when the local budget is zero. "
+            "Off (default): both are left out of the context."
+        ),
+    )
+    carry_relationship_links: bool = Field(
+        False,
+        description=(
+            "Keep graphrag's per-relationship `links` attribute from one build to the next, as "
+            "graphrag's long-lived context builder does (it then shows in later contexts for "
+            "relationships those builds never re-rank). Off (default): each build starts fresh, so "
+            "a context depends only on its own query and settings."
+        ),
+    )
+    llm_timeout: float | None = Field(180.0, gt=0, description="Seconds the answer may take (streams: per token).")
+
+    @model_validator(mode="after")
+    def _props_fit_budget(self) -> LocalSearchConfig:
+        # Same rule as graphrag's validate_context.
+        if self.community_prop + self.text_unit_prop > 1:
+            raise ValueError(
+                f"community_prop + text_unit_prop must be <= 1 (got {self.community_prop} + {self.text_unit_prop})"
+            )
+        return self

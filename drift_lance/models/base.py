@@ -15,6 +15,9 @@ import numpy as np
 from pydantic import BaseModel
 
 Role = Literal["system", "user", "assistant"]
+# What a text is, for embedders that embed queries and documents differently (e5's "query: " /
+# "passage: " prefixes). Embedders without such a distinction ignore it.
+EmbedKind = Literal["query", "document"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,7 @@ class Embedder(Protocol):
     model_id: str
     dimension: int
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Return a float32 matrix of shape (len(texts), dimension), L2-normalised rows."""
+    async def embed(self, texts: Sequence[str], *, kind: EmbedKind = "document") -> np.ndarray:
+        """Return a float32 matrix of shape (len(texts), dimension), L2-normalised rows. Pass
+        kind="query" for search queries (including HyDE answers used as queries)."""
         ...

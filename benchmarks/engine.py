@@ -1,0 +1,257 @@
+"""Benchmarks on a real ingested index: ingest throughput, the engine's `store.search`, start-up.
+
+Data: `ingest.synthetic.generate_index` (graphrag 3.x parquet + lancedb vectors) ingested with the
+default `IngestConfig` -- the ANN index type and parameters the product ships with. Everything lives
+under WORK/engine/<entities>x<dim>/ and is reused by the context and DRIFT benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._harness import Record, latency_summary, log, peak_rss_mb, recall_at_k, run_case, write_records
+
+K = 10
+SEED = 3
+QUERY_NOISE = 0.75  # query = entity vector + noise of this norm (cosine to the entity ~0.8)
+
+
+def engine_dir(work: Path, rows: int, dim: int) -> Path:
+    return work / "engine" / f"{rows}x{dim}-s{SEED}"
+
+
+# ---------------------------------------------------------------- subprocess case bodies
+
+def generate_case(out: str, rows: int, dim: int) -> dict[str, Any]:
+    from ingest.synthetic import generate_index
+
+    started = time.perf_counter()
+    generate_index(out, n_entities=rows, dim=dim, seed=SEED)
+    return {"generate_s": time.perf_counter() - started}
+
+
+def ingest_case(src: str, db: str) -> dict[str, Any]:
+    """One fresh ingest with the product's default config; timings from its IngestReport."""
+    import ingest
+
+    if Path(db).exists():
+        shutil.rmtree(db)
+    report = ingest.ingest(src, db, progress=False)
+    index_info = {name: t.vector_index for name, t in report.manifest.tables.items() if t.vector_index}
+    return {
+        "rows": report.rows,
+        "seconds": report.seconds,
+        "rows_per_second": report.rows_per_second,
+        "vector_indexes": index_info,
+        "options": report.manifest.options,
+    }
+
+
+def truth_case(db: str, out: str, queries: int) -> dict[str, Any]:
+    """Engine queries (noisy copies of random entities) and their exact top-10 by streaming the
+    entities table once; written next to the database so query cases stay lean."""
+    import lancedb
+
+    dataset = lancedb.connect(db).open_table("entities").to_lance()
+    n = dataset.count_rows()
+    rng = np.random.default_rng(SEED)
+    picks = np.sort(rng.choice(n, size=min(queries, n), replace=False))
+    base = dataset.take(picks.tolist(), columns=["vector"]).column("vector").combine_chunks()
+    dim = base.type.list_size
+    base = base.values.to_numpy().reshape(-1, dim)
+    noise = rng.standard_normal(base.shape).astype(np.float32)
+    noise *= QUERY_NOISE / np.linalg.norm(noise, axis=1, keepdims=True)
+    qv = base + noise
+    qv = (qv / np.linalg.norm(qv, axis=1, keepdims=True)).astype(np.float32)
+    best_scores = np.full((len(qv), 0), -np.inf, dtype=np.float32)
+    best_ids = np.zeros((len(qv), 0), dtype=np.int64)
+    for batch in dataset.to_batches(columns=["human_readable_id", "vector"], batch_size=50_000):
+        vectors = batch.column("vector").values.to_numpy().reshape(-1, dim)
+        ids = np.broadcast_to(batch.column("human_readable_id").to_numpy(), (len(qv), len(vectors)))
+        scores = np.concatenate([best_scores, qv @ vectors.T], axis=1)
+        all_ids = np.concatenate([best_ids, ids], axis=1)
+        keep = np.argpartition(-scores, min(K, scores.shape[1]) - 1, axis=1)[:, :K]
+        best_scores = np.take_along_axis(scores, keep, axis=1)
+        best_ids = np.take_along_axis(all_ids, keep, axis=1)
+    order = np.argsort(-best_scores, axis=1)
+    np.save(Path(out) / "engine_queries.npy", qv)
+    np.save(Path(out) / "engine_truth.npy", np.take_along_axis(best_ids, order, axis=1))
+    return {"queries": len(qv)}
+
+
+def engine_search_case(db: str, data_dir: str, concurrency: int = 8) -> dict[str, Any]:
+    """`store.search("entities", q, 10)` exactly as the engine calls it."""
+    from drift_lance._lance_store import open_store
+
+    qv = np.load(Path(data_dir) / "engine_queries.npy")
+    truth = np.load(Path(data_dir) / "engine_truth.npy")
+
+    async def run() -> dict[str, Any]:
+        started = time.perf_counter()
+        store = await open_store(db)
+        open_s = time.perf_counter() - started
+        try:
+            async def search(q: np.ndarray) -> list[int]:
+                frame = await store.search("entities", q, K, columns=["human_readable_id"])
+                return frame["human_readable_id"].to_list()
+
+            t0 = time.perf_counter()
+            await search(qv[0])  # first query: loads the index (reported separately)
+            first_ms = (time.perf_counter() - t0) * 1000
+            for q in qv[1:5]:
+                await search(q)
+            latencies, found = [], []
+            serial_start = time.perf_counter()
+            for q in qv:
+                t0 = time.perf_counter()
+                found.append(await search(q))
+                latencies.append(time.perf_counter() - t0)
+            serial_s = time.perf_counter() - serial_start
+            gate = asyncio.Semaphore(concurrency)
+
+            async def gated(q: np.ndarray) -> list[int]:
+                async with gate:
+                    return await search(q)
+
+            conc_start = time.perf_counter()
+            await asyncio.gather(*(gated(q) for q in qv))
+            conc_s = time.perf_counter() - conc_start
+            info = store.manifest.tables["entities"]
+            return {
+                **latency_summary(latencies), "qps": len(qv) / serial_s, "qps_concurrent": len(qv) / conc_s,
+                "recall_at_10": recall_at_k(found, truth, K), "queries": len(qv), "open_s": open_s,
+                "first_query_ms": first_ms, "index_type": info.vector_index,
+                "search_tuning": store.config.search.model_dump(),
+                "options": store.manifest.options,
+            }
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def startup_case(db: str, data_dir: str, dim: int) -> dict[str, Any]:
+    """Time from nothing to a DRIFT engine that has answered its first ANN query; RSS after it."""
+    import psutil
+
+    started = time.perf_counter()
+    from drift_lance.drift import open_drift_search
+    from drift_lance.testing import ScriptedChatModel
+
+    import_s = time.perf_counter() - started
+    qv = np.load(Path(data_dir) / "engine_queries.npy")
+
+    class FixedEmbedder:  # start-up must not depend on a model: vectors come from the query file
+        model_id = "benchmark-fixed"
+        dimension = dim
+
+        async def embed(self, texts: list[str], *, kind: str = "document") -> np.ndarray:
+            return np.repeat(qv[:1], len(texts), axis=0)
+
+    async def run() -> dict[str, Any]:
+        t0 = time.perf_counter()
+        search = await open_drift_search(db, chat_model=ScriptedChatModel(default="ok"), embedder=FixedEmbedder())
+        open_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        await search.store.search("community_reports", _any_vector(search.store, "community_reports", qv), K)
+        await search.store.search("entities", qv[0], K)
+        first_query_s = time.perf_counter() - t1
+        await search.close()
+        return {"open_s": open_s, "first_query_s": first_query_s}
+
+    result = asyncio.run(run())
+    rss_mb = psutil.Process().memory_info().rss / 2**20
+    return {**result, "import_s": import_s, "startup_s": time.perf_counter() - started, "rss_mb": rss_mb,
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def _any_vector(store: Any, table: str, qv: np.ndarray) -> np.ndarray:
+    dim = store.manifest.vectors[table].dimension
+    return qv[0] if qv.shape[1] == dim else np.ones(dim, dtype=np.float32)
+
+
+# ---------------------------------------------------------------- orchestration
+
+def ensure_ingested(rows: int, dim: int, work: Path, out: Path, *, force: bool = False,
+                    queries: int = 100) -> dict[str, Any]:
+    """Generate + ingest the synthetic index unless already done; the ingest is recorded as a case."""
+    base = engine_dir(work, rows, dim)
+    meta_path = base / "engine.json"
+    if meta_path.exists() and not force:
+        return json.loads(meta_path.read_text())
+    base.mkdir(parents=True, exist_ok=True)
+    src, db = base / "graphrag", base / "db"
+    gen_meta = base / "generated.json"
+    if gen_meta.exists():
+        generated = json.loads(gen_meta.read_text())
+    else:
+        log(f"generate synthetic graphrag index: {rows:,} entities x {dim}")
+        generated = run_case("benchmarks.engine:generate_case", out=str(src), rows=rows, dim=dim)
+        gen_meta.write_text(json.dumps(generated))
+    log(f"ingest {rows:,} entities x {dim}")
+    result = run_case("benchmarks.engine:ingest_case", src=str(src), db=str(db))
+    write_records(out, "ingest", [_ingest_record(rows, dim, result, generated)])
+    run_case("benchmarks.engine:truth_case", db=str(db), out=str(base), queries=queries)
+    meta = {"rows": rows, "dim": dim, "db": str(db), "dir": str(base), "ingest": result}
+    meta_path.write_text(json.dumps(meta))
+    return meta
+
+
+def _ingest_record(rows: int, dim: int, result: dict[str, Any], generated: dict[str, Any]) -> Record:
+    seconds = result["seconds"]
+    total_rows = sum(result["rows"].values())
+    index_s = seconds.get("index")
+    return Record(
+        benchmark="ingest", rows=rows, dim=dim, method="drift_lance_ingest", peak_rss_mb=result["peak_rss_mb"],
+        index_type=result["vector_indexes"].get("entities"), index_build_s=index_s,
+        params={"vector_index": result["options"].get("vector_index"), "ann_min_rows": result["options"].get("ann_min_rows")},
+        extra={"total_rows": total_rows, "rows_by_table": result["rows"], "ingest_s": seconds.get("total"),
+               "rows_per_s": result["rows_per_second"], "entities_per_s": rows / seconds["total"],
+               "seconds": seconds, "vector_indexes": result["vector_indexes"],
+               "synthetic_generate_s": generated.get("generate_s")},
+    )
+
+
+def run_ingest_benchmark(rows: int, dim: int, out: Path, work: Path) -> Record:
+    meta = ensure_ingested(rows, dim, work, out, force=True)
+    return _ingest_record(rows, dim, meta["ingest"], {})
+
+
+def run_engine_retrieval(rows: int, dim: int, out: Path, work: Path) -> list[Record]:
+    meta = ensure_ingested(rows, dim, work, out)
+    log(f"  engine store.search on {rows:,} ingested entities x {dim}")
+    case = run_case("benchmarks.engine:engine_search_case", db=meta["db"], data_dir=meta["dir"])
+    record = Record(
+        benchmark="retrieval", rows=rows, dim=dim, method="engine",
+        p50_ms=case["p50_ms"], p95_ms=case["p95_ms"], p99_ms=case["p99_ms"], qps=case["qps"],
+        qps_concurrent=case["qps_concurrent"], concurrency=8, recall_at_10=case["recall_at_10"],
+        peak_rss_mb=case["peak_rss_mb"], queries=case["queries"], index_type=case["index_type"] or "exact",
+        index_build_s=meta["ingest"]["seconds"].get("index.entities"),
+        params={**(case["options"].get("vector_index") or {}), **{k: v for k, v in case["search_tuning"].items() if v is not None}}
+        if case["index_type"] else {"path": "exact in-memory"},
+        extra={"open_s": case["open_s"], "first_query_ms": case["first_query_ms"],
+               "data": "ingest.synthetic entities; queries = noisy copies of random entities"},
+    )
+    write_records(out, "retrieval", [record])
+    return [record]
+
+
+def run_startup(rows: int, dim: int, out: Path, work: Path) -> Record:
+    meta = ensure_ingested(rows, dim, work, out)
+    log(f"engine start-up on {rows:,} entities x {dim}")
+    case = run_case("benchmarks.engine:startup_case", db=meta["db"], data_dir=meta["dir"], dim=dim)
+    record = Record(
+        benchmark="startup", rows=rows, dim=dim, method="open_drift_search", peak_rss_mb=case["peak_rss_mb"],
+        extra={"startup_s": case["startup_s"], "import_s": case["import_s"], "open_s": case["open_s"],
+               "first_query_ms": case["first_query_s"] * 1000, "rss_mb": case["rss_mb"],
+               "targets": {"startup_s": 2.0, "rss_mb": 1024}},
+    )
+    write_records(out, "startup", [record])
+    return record

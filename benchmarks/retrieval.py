@@ -1,0 +1,378 @@
+"""Retrieval: top-10 latency, throughput and recall@10 of LanceDB ANN, LanceDB flat scan, numpy brute
+force over in-memory vectors (graphrag's way for reports) and the engine's own `store.search`.
+
+Each index build and each query method runs in a fresh subprocess (see `_harness.run_case`), so the
+reported peak RSS is that method's alone: numpy's includes the whole matrix, LanceDB's only what it
+reads and caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._harness import Record, latency_summary, log, recall_at_k, run_case, write_records
+from benchmarks.vectors import TABLE, prepare_dataset
+
+K = 10
+RECALL_TARGET = 0.95
+CONCURRENCY = 8
+WARMUP_QUERIES = 5
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """One ANN index build: LanceDB index type plus build parameters (cosine metric throughout)."""
+
+    index_type: str
+    build: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        return self.index_type + "".join(f" {k}={v}" for k, v in sorted(self.build.items()))
+
+
+# ---------------------------------------------------------------- parameter choices
+
+def ivf_partitions(rows: int) -> int:
+    """sqrt(rows) partitions (LanceDB's default rule), at least 1."""
+    return max(1, int(round(rows**0.5)))
+
+
+def pq_sub_vectors(dim: int) -> int:
+    """16 dimensions per PQ sub-vector: LanceDB's SIMD-friendly choice (dim/num_sub_vectors % 8 == 0)."""
+    return max(1, dim // 16)
+
+
+def hnsw_partitions(rows: int) -> int:
+    """HNSW graphs per IVF partition stay large (~250k vectors) so each graph is worth building."""
+    return max(1, rows // 250_000)
+
+
+def sweep_specs(rows: int, dim: int) -> list[tuple[IndexSpec, list[dict[str, Any]]]]:
+    """Index builds and their query-parameter grids for the index-type sweep."""
+    p = ivf_partitions(rows)
+    probes = sorted({n for n in (5, 10, 20, 40, 80) if n <= p} | {min(p, 160)})
+    hp = hnsw_partitions(rows)
+    return [
+        (IndexSpec("IVF_PQ", {"num_partitions": p, "num_sub_vectors": pq_sub_vectors(dim)}),
+         [{"nprobes": n, "refine_factor": r} for n in probes for r in (None, 5, 10, 20, 40)]),
+        (IndexSpec("IVF_HNSW_SQ", {"num_partitions": hp, "m": 20, "ef_construction": 150}),
+         # LanceDB requires ef >= k * refine_factor.
+         [{"nprobes": hp, "ef": ef, "refine_factor": r} for ef in (20, 40, 80, 160, 320) for r in (None, 2)
+          if ef >= K * (r or 1)]),
+        (IndexSpec("IVF_FLAT", {"num_partitions": p}), [{"nprobes": n} for n in probes]),
+        (IndexSpec("IVF_RQ", {"num_partitions": p}),
+         [{"nprobes": n, "refine_factor": r} for n in probes for r in (None, 5, 10, 20)]),
+    ]
+
+
+# ---------------------------------------------------------------- subprocess case bodies
+
+def build_index_case(db: str, index_type: str, build: dict[str, Any]) -> dict[str, Any]:
+    """Build (replace) the table's vector index; report wall time."""
+    import lancedb
+    from lancedb import index as lidx
+
+    config_cls = {"IVF_PQ": lidx.IvfPq, "IVF_HNSW_SQ": lidx.HnswSq, "IVF_FLAT": lidx.IvfFlat,
+                  "IVF_RQ": lidx.IvfRq, "IVF_HNSW_PQ": lidx.HnswPq, "IVF_SQ": lidx.IvfSq}[index_type]
+    table = lancedb.connect(db).open_table(TABLE)
+    started = time.perf_counter()
+    table.create_index("vector", config=config_cls(distance_type="cosine", **build), replace=True)
+    return {"index_build_s": time.perf_counter() - started}
+
+
+def drop_index_case(db: str) -> dict[str, Any]:
+    import lancedb
+
+    table = lancedb.connect(db).open_table(TABLE)
+    for index in table.list_indices():
+        table.drop_index(index.name)
+    return {}
+
+
+def lancedb_query_case(db: str, dataset_dir: str, grid: list[dict[str, Any]], flat: bool = False,
+                       concurrent: bool = True, queries: int | None = None) -> dict[str, Any]:
+    """Query the table through LanceDB's async API, once per query-parameter set in `grid`."""
+    import lancedb
+
+    qv, truth = _load_queries(dataset_dir, queries)
+
+    async def run() -> list[dict[str, Any]]:
+        table = await (await lancedb.connect_async(db)).open_table(TABLE)
+
+        def searcher(params: dict[str, Any]) -> Callable[[np.ndarray], Any]:
+            async def search(q: np.ndarray) -> list[int]:
+                query = table.vector_search(q).distance_type("cosine").limit(K).select(["id"])
+                if flat:
+                    query = query.bypass_vector_index()
+                if params.get("nprobes") is not None:
+                    query = query.nprobes(int(params["nprobes"]))
+                if params.get("refine_factor") is not None:
+                    query = query.refine_factor(int(params["refine_factor"]))
+                if params.get("ef") is not None:
+                    query = query.ef(int(params["ef"]))
+                return (await query.to_arrow())["id"].to_pylist()
+
+            return search
+
+        return [await _measure_async(searcher(p), qv, truth, p, concurrent) for p in grid]
+
+    return {"cases": asyncio.run(run())}
+
+
+def numpy_query_case(db: str, dataset_dir: str, concurrent: bool = True, queries: int | None = None) -> dict[str, Any]:
+    """Exact brute force over all vectors held in one float32 matrix, as graphrag does for reports."""
+    import lancedb
+
+    qv, truth = _load_queries(dataset_dir, queries)
+    table = lancedb.connect(db).open_table(TABLE)
+    started = time.perf_counter()
+    matrix = _load_matrix(table)
+    load_s = time.perf_counter() - started
+
+    def search(q: np.ndarray) -> list[int]:
+        scores = matrix @ q
+        top = np.argpartition(-scores, K)[:K]
+        return top[np.argsort(-scores[top])].tolist()
+
+    case = _measure_threads(search, qv, truth, {}, concurrent)
+    case["load_s"] = load_s
+    return {"cases": [case]}
+
+
+def engine_query_case(store_uri: str, dataset_dir: str, table: str, concurrent: bool = True,
+                      queries: int | None = None) -> dict[str, Any]:
+    """The engine's own path: `open_store(uri).search(table, vec, k)` (ANN when indexed, else exact)."""
+    from drift_lance._lance_store import open_store
+
+    qv, truth = _load_queries(dataset_dir, queries)
+
+    async def run() -> dict[str, Any]:
+        started = time.perf_counter()
+        store = await _maybe_await(open_store(store_uri))
+        open_s = time.perf_counter() - started
+        id_column = "human_readable_id"
+
+        async def search(q: np.ndarray) -> list[int]:
+            frame = await store.search(table, q, K, columns=[id_column])
+            return frame[id_column].to_list()
+
+        try:
+            case = await _measure_async(search, qv, truth, {}, concurrent)
+        finally:
+            await store.close()
+        case["open_s"] = open_s
+        info = store.manifest.tables.get(table)
+        case["index_type"] = info.vector_index if info else None
+        return case
+
+    return {"cases": [asyncio.run(run())]}
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) else value
+
+
+def _load_queries(dataset_dir: str, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    qv = np.load(Path(dataset_dir) / "queries.npy")
+    truth = np.load(Path(dataset_dir) / "truth.npy")[:, :K]
+    if limit:
+        qv, truth = qv[:limit], truth[:limit]
+    return qv, truth
+
+
+def _load_matrix(table: Any) -> np.ndarray:
+    """All vectors into one preallocated matrix, batch by batch (no 2x peak from concatenation)."""
+    rows = table.count_rows()
+    dim = table.schema.field("vector").type.list_size
+    matrix = np.empty((rows, dim), dtype=np.float32)
+    reader = table.to_lance().scanner(columns=["id", "vector"], batch_size=65_536).to_reader()
+    for batch in reader:
+        ids = batch.column("id").to_numpy()
+        matrix[ids] = batch.column("vector").values.to_numpy().reshape(-1, dim)
+    return matrix
+
+
+async def _measure_async(search: Callable[[np.ndarray], Any], qv: np.ndarray, truth: np.ndarray,
+                         params: dict[str, Any], concurrent: bool) -> dict[str, Any]:
+    for q in qv[:WARMUP_QUERIES]:
+        await search(q)
+    latencies, found = [], []
+    started = time.perf_counter()
+    for q in qv:
+        t0 = time.perf_counter()
+        found.append(await search(q))
+        latencies.append(time.perf_counter() - t0)
+    serial_s = time.perf_counter() - started
+    case = _case_summary(params, latencies, found, truth, serial_s)
+    if concurrent:
+        gate = asyncio.Semaphore(CONCURRENCY)
+
+        async def gated(q: np.ndarray) -> Any:
+            async with gate:
+                return await search(q)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(gated(q) for q in qv))
+        case["qps_concurrent"] = len(qv) / (time.perf_counter() - started)
+    return case
+
+
+def _measure_threads(search: Callable[[np.ndarray], list[int]], qv: np.ndarray, truth: np.ndarray,
+                     params: dict[str, Any], concurrent: bool) -> dict[str, Any]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    for q in qv[:WARMUP_QUERIES]:
+        search(q)
+    latencies, found = [], []
+    started = time.perf_counter()
+    for q in qv:
+        t0 = time.perf_counter()
+        found.append(search(q))
+        latencies.append(time.perf_counter() - t0)
+    serial_s = time.perf_counter() - started
+    case = _case_summary(params, latencies, found, truth, serial_s)
+    if concurrent:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            list(pool.map(search, qv))
+        case["qps_concurrent"] = len(qv) / (time.perf_counter() - started)
+    return case
+
+
+def _case_summary(params: dict[str, Any], latencies: Sequence[float], found: list[list[int]],
+                  truth: np.ndarray, serial_s: float) -> dict[str, Any]:
+    return {"params": params, **latency_summary(latencies), "qps": len(latencies) / serial_s,
+            "recall_at_10": recall_at_k(found, truth, K), "queries": len(latencies)}
+
+
+# ---------------------------------------------------------------- orchestration (parent process)
+
+def _records_from(result: dict[str, Any], *, rows: int, dim: int, method: str, concurrent: bool,
+                  index_type: str | None = None, build: dict[str, Any] | None = None,
+                  build_s: float | None = None, benchmark: str = "retrieval") -> list[Record]:
+    records = []
+    for case in result["cases"]:
+        extra = {k: case[k] for k in ("load_s", "open_s") if k in case}
+        records.append(Record(
+            benchmark=benchmark, rows=rows, dim=dim, method=method,
+            p50_ms=case["p50_ms"], p95_ms=case["p95_ms"], p99_ms=case["p99_ms"], qps=case["qps"],
+            qps_concurrent=case.get("qps_concurrent"), concurrency=CONCURRENCY if concurrent else None,
+            recall_at_10=case["recall_at_10"], peak_rss_mb=result["peak_rss_mb"], queries=case["queries"],
+            index_type=case.get("index_type", index_type), index_build_s=build_s,
+            params={**(build or {}), **{k: v for k, v in case["params"].items() if v is not None}},
+            extra=extra,
+        ))
+    return records
+
+
+def build_and_query(meta: dict[str, Any], spec: IndexSpec, grid: list[dict[str, Any]], *,
+                    concurrent: bool, benchmark: str, method: str = "lancedb_ann",
+                    queries: int | None = None) -> list[Record]:
+    log(f"  build {spec.label()} on {meta['rows']:,}x{meta['dim']}")
+    built = run_case("benchmarks.retrieval:build_index_case", db=meta["db"], index_type=spec.index_type,
+                     build=spec.build)
+    log(f"    built in {built['index_build_s']:.1f}s (peak RSS {built['peak_rss_mb']:.0f} MB); querying {len(grid)} settings")
+    result = run_case("benchmarks.retrieval:lancedb_query_case", db=meta["db"], dataset_dir=meta["dir"],
+                      grid=grid, concurrent=concurrent, queries=queries)
+    records = _records_from(result, rows=meta["rows"], dim=meta["dim"], method=method, concurrent=concurrent,
+                            index_type=spec.index_type, build=spec.build, build_s=built["index_build_s"],
+                            benchmark=benchmark)
+    for r in records:
+        r.extra["index_build_peak_rss_mb"] = built["peak_rss_mb"]
+    return records
+
+
+def run_sweep(rows: int, dim: int, queries: int, out: Path, work: Path,
+              index_types: Sequence[str] | None = None) -> list[Record]:
+    """Index-type sweep: every index type over its query grid -> recall-latency curves."""
+    meta = prepare(rows, dim, queries, work)
+    records: list[Record] = []
+    for spec, grid in sweep_specs(rows, dim):
+        if index_types and spec.index_type not in index_types:
+            continue
+        new = build_and_query(meta, spec, grid, concurrent=False, benchmark="sweep")
+        write_records(out, "sweep", new)
+        records += new
+    return records
+
+
+def prepare(rows: int, dim: int, queries: int, work: Path) -> dict[str, Any]:
+    log(f"prepare {rows:,}x{dim} ({queries} queries)")
+    return run_case("benchmarks.vectors:prepare_dataset", root=str(work), rows=rows, dim=dim, queries=queries)
+
+
+def run_retrieval(rows: int, dim: int, queries: int, out: Path, work: Path, *,
+                  methods: Sequence[str] = ("lancedb_ann", "lancedb_flat", "numpy_exact", "engine"),
+                  ) -> list[Record]:
+    """The headline comparison at one (rows, dim), plus the recall-latency curve of the chosen index."""
+    from benchmarks.recommend import chosen_index
+
+    meta = prepare(rows, dim, queries, work)
+    records: list[Record] = []
+
+    def add(new: list[Record]) -> None:
+        write_records(out, "retrieval", new)
+        records.extend(new)
+
+    if "numpy_exact" in methods:
+        log("  numpy brute force")
+        add(_records_from(run_case("benchmarks.retrieval:numpy_query_case", db=meta["db"], dataset_dir=meta["dir"]),
+                          rows=rows, dim=dim, method="numpy_exact", concurrent=True))
+    if "lancedb_ann" in methods:
+        spec = chosen_index(rows, dim)
+        log(f"  build {spec.label()}")
+        built = run_case("benchmarks.retrieval:build_index_case", db=meta["db"], index_type=spec.index_type,
+                         build=spec.build)
+        # Recall-latency curve first; the headline row uses its fastest setting with recall@10 >= 0.95.
+        curve = _records_from(
+            run_case("benchmarks.retrieval:lancedb_query_case", db=meta["db"], dataset_dir=meta["dir"],
+                     grid=curve_grid(spec, rows), concurrent=False),
+            rows=rows, dim=dim, method="lancedb_ann", concurrent=False, index_type=spec.index_type,
+            build=spec.build, build_s=built["index_build_s"], benchmark="curve")
+        write_records(out, "curves", curve)
+        best = fastest_meeting(curve, RECALL_TARGET)
+        query_params = {k: v for k, v in best.params.items() if k not in spec.build}
+        log(f"  lancedb ANN at {query_params} (recall {best.recall_at_10:.3f} in the curve)")
+        headline = _records_from(
+            run_case("benchmarks.retrieval:lancedb_query_case", db=meta["db"], dataset_dir=meta["dir"],
+                     grid=[query_params]),
+            rows=rows, dim=dim, method="lancedb_ann", concurrent=True, index_type=spec.index_type,
+            build=spec.build, build_s=built["index_build_s"])
+        for r in headline:
+            r.extra["index_build_peak_rss_mb"] = built["peak_rss_mb"]
+        add(headline)
+    if "lancedb_flat" in methods:
+        log("  lancedb flat scan")
+        add(_records_from(run_case("benchmarks.retrieval:lancedb_query_case", db=meta["db"], dataset_dir=meta["dir"],
+                                   grid=[{}], flat=True),
+                          rows=rows, dim=dim, method="lancedb_flat", concurrent=True))
+    if "engine" in methods:
+        from benchmarks import engine
+
+        records += engine.run_engine_retrieval(rows, dim, out, work)
+    if importlib.util.find_spec("graphrag") is None:
+        log("  graphrag not installed (optional extra): no side-by-side graphrag case")
+    return records
+
+
+def curve_grid(spec: IndexSpec, rows: int) -> list[dict[str, Any]]:
+    for sweep_spec, grid in sweep_specs(rows, 384):
+        if sweep_spec.index_type == spec.index_type:
+            return grid
+    return [{}]
+
+
+def fastest_meeting(records: Sequence[Record], recall: float) -> Record:
+    """Lowest-p50 record with recall@10 >= `recall`; the most accurate one when none meets it."""
+    meeting = [r for r in records if (r.recall_at_10 or 0) >= recall]
+    if meeting:
+        return min(meeting, key=lambda r: r.p50_ms)
+    return max(records, key=lambda r: (r.recall_at_10, -r.p50_ms))

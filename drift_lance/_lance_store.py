@@ -1,0 +1,368 @@
+"""`LanceStore`: the `IndexStore` contract on LanceDB's async API.
+
+Every table is opened at the version the newest manifest pins, so an ingest that is still running
+(or was killed) is invisible. Vector search uses the table's ANN index when ingest built one;
+otherwise an exact path: the (small) table's vectors are loaded once into a float32 matrix and
+scored with one matrix-vector product, which is far faster than LanceDB's flat scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lancedb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from drift_lance import schema
+from drift_lance.config.ingest import StoreConfig
+from drift_lance.errors import StoreError
+from drift_lance.store import Manifest
+
+__all__ = ["LanceStore", "open_store", "read_manifests", "sql_literal"]
+
+log = logging.getLogger(__name__)
+
+SIMILARITY = "_similarity"
+
+
+@dataclass(frozen=True, slots=True)
+class _ExactIndex:
+    """A small table's vectors as one matrix, for exact cosine search."""
+
+    matrix: np.ndarray  # (rows, dim) float32, unit rows, in row-id order
+    row_ids: np.ndarray  # uint64 LanceDB row ids, ascending; row i of `matrix` has row_ids[i]
+
+
+def sql_literal(value: Any) -> str:
+    """A value as a LanceDB SQL literal; strings are single-quoted with quotes doubled."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool | np.bool_):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        if not np.isfinite(value):
+            raise StoreError(f"cannot filter on non-finite value {value!r}")
+        return repr(float(value))
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise StoreError(f"unsupported filter value type {type(value).__name__}: {value!r}")
+
+
+def _quote_ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+async def read_manifests(db: Any, uri: str) -> list[Manifest]:
+    """All complete manifests of the database at `uri`, oldest generation first ([] when none)."""
+    if MANIFEST_TABLE_NAME not in await _table_names(db):
+        return []
+    table = await db.open_table(MANIFEST_TABLE_NAME)
+    rows = (await table.query().select(["generation", "manifest"]).to_arrow()).to_pylist()
+    manifests = []
+    for row in sorted(rows, key=lambda r: r["generation"]):
+        try:
+            manifests.append(Manifest.model_validate(json.loads(row["manifest"])))
+        except (ValueError, TypeError) as exc:
+            raise StoreError(
+                f"{uri}: manifest generation {row['generation']} in table {MANIFEST_TABLE_NAME!r} is unreadable: {exc}"
+            ) from exc
+    return manifests
+
+
+MANIFEST_TABLE_NAME = schema.MANIFEST_TABLE
+
+
+async def _table_names(db: Any) -> set[str]:
+    names: list[str] = []
+    token: str | None = None
+    while True:  # list_tables pages
+        resp = await db.list_tables(page_token=token)
+        names.extend(resp.tables)
+        token = resp.page_token
+        if not token:
+            return set(names)
+
+
+class LanceStore:
+    """Read access to one ingested index, pinned to one manifest generation."""
+
+    def __init__(self, uri: str, db: Any, manifest: Manifest, config: StoreConfig) -> None:
+        self.uri = uri
+        self.manifest = manifest
+        self.config = config
+        self._db = db
+        self._tables: dict[str, Any] = {}
+        self._open_lock = asyncio.Lock()
+        self._exact: dict[tuple[str, int], _ExactIndex] = {}
+        self._exact_locks: dict[str, asyncio.Lock] = {}
+
+    def __repr__(self) -> str:
+        return f"LanceStore(uri={self.uri!r}, generation={self.manifest.generation})"
+
+    # ------------------------------------------------------------------ tables
+
+    def has_table(self, table: str) -> bool:
+        return table in self.manifest.tables
+
+    def dimension(self, table: str) -> int:
+        """Vector dimension of `table` (StoreError when it has no vector column)."""
+        info = self.manifest.vectors.get(table)
+        if info is None:
+            raise StoreError(f"{self.uri}: table {table!r} has no vector column")
+        return info.dimension
+
+    async def _table(self, table: str) -> Any:
+        if table not in self.manifest.tables:
+            raise StoreError(
+                f"{self.uri}: table {table!r} is not in manifest generation {self.manifest.generation} "
+                f"(tables: {', '.join(sorted(self.manifest.tables))})"
+            )
+        handle = self._tables.get(table)
+        if handle is not None:
+            return handle
+        async with self._open_lock:
+            if table not in self._tables:
+                version = self.manifest.tables[table].version
+                try:
+                    self._tables[table] = await self._db.open_table(table, version=version)
+                except Exception as exc:  # noqa: BLE001 - any LanceDB failure is a store error here
+                    raise StoreError(f"{self.uri}: cannot open table {table!r} at version {version}: {exc}") from exc
+            return self._tables[table]
+
+    # ------------------------------------------------------------------ search
+
+    async def search(
+        self,
+        table: str,
+        vector: np.ndarray,
+        k: int,
+        *,
+        columns: Sequence[str] | None = None,
+    ) -> pl.DataFrame:
+        query = self._query_vector(table, vector)
+        if k <= 0:
+            return await self._empty(table, columns, with_similarity=True)
+        if self.manifest.tables[table].vector_index:
+            return await self._search_ann(table, query, k, columns)
+        return await self._search_exact(table, query, k, columns)
+
+    def _query_vector(self, table: str, vector: np.ndarray) -> np.ndarray:
+        dim = self.dimension(table)
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if query.shape[0] != dim:
+            raise StoreError(
+                f"{self.uri}: query vector has dimension {query.shape[0]} but table {table!r} "
+                f"column {schema.VECTOR!r} has dimension {dim} (model {self.manifest.vectors[table].model!r})"
+            )
+        if not np.all(np.isfinite(query)):
+            raise StoreError(f"{self.uri}: query vector for table {table!r} contains NaN or inf")
+        norm = float(np.linalg.norm(query))
+        return query / norm if norm > 0 else query
+
+    async def _search_ann(self, table: str, query: np.ndarray, k: int, columns: Sequence[str] | None) -> pl.DataFrame:
+        handle = await self._table(table)
+        tuning = self.config.search
+        q = handle.vector_search(query).column(schema.VECTOR).distance_type("cosine").nprobes(tuning.nprobes)
+        if tuning.refine_factor:
+            q = q.refine_factor(tuning.refine_factor)
+        if tuning.ef:
+            q = q.ef(tuning.ef)
+        q = q.limit(k).with_row_id()
+        if columns is not None:
+            q = q.select(list(columns))
+        result = pl.from_arrow(await q.to_arrow())
+        assert isinstance(result, pl.DataFrame)
+        # Ties by row id keep equal-similarity results in a stable, reproducible order.
+        result = result.with_columns((1.0 - pl.col("_distance")).cast(pl.Float64).alias(SIMILARITY))
+        result = result.sort([SIMILARITY, "_rowid"], descending=[True, False])
+        return result.drop(["_distance", "_rowid"])
+
+    async def _search_exact(self, table: str, query: np.ndarray, k: int, columns: Sequence[str] | None) -> pl.DataFrame:
+        exact = await self._exact_index(table)
+        n = exact.matrix.shape[0]
+        if n == 0:
+            return await self._empty(table, columns, with_similarity=True)
+        scores = exact.matrix @ query
+        top = _top_k_stable(scores, min(k, n))
+        wanted = exact.row_ids[top]
+        handle = await self._table(table)
+        take = handle.take_row_ids([int(r) for r in wanted]).with_row_id()
+        if columns is not None:
+            take = take.select(list(columns))
+        frame = pl.from_arrow(await take.to_arrow())
+        assert isinstance(frame, pl.DataFrame)
+        # take does not promise an order: put rows back in score order via their row ids.
+        position = {int(r): i for i, r in enumerate(frame["_rowid"].to_list())}
+        frame = frame[[position[int(r)] for r in wanted]].drop("_rowid")
+        return frame.with_columns(pl.Series(SIMILARITY, scores[top].astype(np.float64)))
+
+    async def _exact_index(self, table: str) -> _ExactIndex:
+        key = (table, self.manifest.tables[table].version)
+        cached = self._exact.get(key)
+        if cached is not None:
+            return cached
+        lock = self._exact_locks.setdefault(table, asyncio.Lock())
+        async with lock:
+            if key not in self._exact:
+                handle = await self._table(table)
+                arrow = await handle.query().select([schema.VECTOR]).with_row_id().to_arrow()
+                self._exact[key] = _exact_index_from_arrow(arrow, self.uri, table)
+            return self._exact[key]
+
+    # ------------------------------------------------------------------ exact reads
+
+    async def fetch(
+        self,
+        table: str,
+        key: str,
+        values: Sequence[Any],
+        *,
+        columns: Sequence[str] | None = None,
+    ) -> pl.DataFrame:
+        handle = await self._table(table)
+        if key not in (await self._schema(table)).names:
+            raise StoreError(f"{self.uri}: table {table!r} has no column {key!r}")
+        unique = list(dict.fromkeys(v for v in values if v is not None))
+        if not unique:
+            return await self._empty(table, columns)
+        size = self.config.fetch_chunk_size
+        parts = []
+        for start in range(0, len(unique), size):
+            chunk = unique[start : start + size]
+            where = f"{_quote_ident(key)} IN ({', '.join(sql_literal(v) for v in chunk)})"
+            q = handle.query().where(where)
+            if columns is not None:
+                q = q.select(list(columns))
+            parts.append(await q.to_arrow())
+        frame = pl.from_arrow(pa.concat_tables(parts))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    async def scan(
+        self,
+        table: str,
+        *,
+        where: str | None = None,
+        columns: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> pl.DataFrame:
+        handle = await self._table(table)
+        q = handle.query()
+        if where:
+            q = q.where(where)
+        if columns is not None:
+            q = q.select(list(columns))
+        if limit is not None:
+            q = q.limit(limit)
+        try:
+            arrow = await q.to_arrow()
+        except Exception as exc:  # noqa: BLE001 - LanceDB raises plain errors for bad SQL
+            raise StoreError(f"{self.uri}: scan of table {table!r} failed (where={where!r}): {exc}") from exc
+        frame = pl.from_arrow(arrow)
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    async def count(self, table: str) -> int:
+        await self._table(table)  # validates the name
+        return self.manifest.tables[table].rows
+
+    async def indexes(self, table: str) -> dict[str, str]:
+        """Index type per indexed column of the pinned table version, e.g. {"id": "BTree", "vector": "IvfHnswSq"}."""
+        handle = await self._table(table)
+        return {", ".join(i.columns): str(i.index_type) for i in await handle.list_indices()}
+
+    async def close(self) -> None:
+        for handle in self._tables.values():
+            handle.close()
+        self._tables.clear()
+        self._exact.clear()
+
+    async def __aenter__(self) -> LanceStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _schema(self, table: str) -> pa.Schema:
+        return await (await self._table(table)).schema()
+
+    async def _empty(self, table: str, columns: Sequence[str] | None, *, with_similarity: bool = False) -> pl.DataFrame:
+        arrow_schema = await self._schema(table)
+        if columns is not None:
+            arrow_schema = pa.schema([arrow_schema.field(c) for c in columns])
+        frame = pl.from_arrow(arrow_schema.empty_table())
+        assert isinstance(frame, pl.DataFrame)
+        if with_similarity:
+            frame = frame.with_columns(pl.Series(SIMILARITY, [], dtype=pl.Float64))
+        return frame
+
+
+def _top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k best scores, best first; equal scores keep table order."""
+    if k < scores.shape[0]:
+        # argpartition picks an arbitrary subset among ties at the cut: take everything >= the
+        # k-th score, then sort stably so the lowest offsets win.
+        kth = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
+        candidates = np.flatnonzero(scores >= kth)
+    else:
+        candidates = np.arange(scores.shape[0])
+    order = np.lexsort((candidates, -scores[candidates]))
+    return candidates[order][:k]
+
+
+def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str) -> _ExactIndex:
+    """The vector column as a float32 matrix in row-id (= table) order, with the row ids."""
+    column = arrow.column(schema.VECTOR).combine_chunks()
+    if not pa.types.is_fixed_size_list(column.type):
+        raise StoreError(f"{uri}: table {table!r} column {schema.VECTOR!r} is {column.type}, not a fixed-size list")
+    dim = column.type.list_size
+    flat = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    matrix = flat.reshape(len(column), dim)
+    row_ids = arrow.column("_rowid").to_numpy()
+    order = np.argsort(row_ids, kind="stable")
+    return _ExactIndex(np.ascontiguousarray(matrix[order]), row_ids[order])
+
+
+async def open_store(
+    uri: str,
+    *,
+    storage_options: dict[str, str] | None = None,
+    config: StoreConfig | None = None,
+    generation: int | None = None,
+) -> LanceStore:
+    """Open the ingested index at `uri` (any LanceDB URI), pinned to its newest complete manifest
+    (or to `generation`). Raises StoreError naming the URI when there is no complete ingest."""
+    uri = str(uri)
+    if "://" not in uri and not Path(uri).expanduser().exists():  # local default: say so plainly
+        raise StoreError(f"{uri}: no database at this path; run `drift-lance ingest SRC --db {uri}` first")
+    try:
+        db = await lancedb.connect_async(uri, storage_options=storage_options)
+        manifests = await read_manifests(db, uri)
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - connection errors differ per backend
+        raise StoreError(f"{uri}: cannot open LanceDB database: {exc}") from exc
+    if not manifests:
+        raise StoreError(
+            f"{uri}: no complete ingest found (no {schema.MANIFEST_TABLE!r} table); run `drift-lance ingest SRC --db {uri}`"
+        )
+    if generation is None:
+        manifest = manifests[-1]
+    else:
+        matches = [m for m in manifests if m.generation == generation]
+        if not matches:
+            raise StoreError(f"{uri}: no manifest generation {generation} (have {[m.generation for m in manifests]})")
+        manifest = matches[0]
+    return LanceStore(uri, db, manifest, config or StoreConfig())

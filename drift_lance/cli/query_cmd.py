@@ -1,0 +1,206 @@
+"""`drift-lance query "..." --db URI`: run a DRIFT (or local) search and print the answer, then the
+LLM calls / tokens per stage and the timing; `--json` prints the whole SearchResult instead."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from drift_lance.drift.callbacks import DriftCallbacks
+from drift_lance.drift.result import STAGES, SearchResult
+
+# Top-level keys of graphrag's settings.yaml that a drift-lance settings file never has.
+_GRAPHRAG_ONLY_KEYS = ("completion_models", "embedding_models", "input", "output", "extract_graph", "vector_store")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "query",
+        help="ask a question (DRIFT search by default)",
+        description="Run a DRIFT (or local) search on an ingested index and print the answer, then "
+        "the LLM calls and tokens per stage (build_context, primer, action, reduce).",
+    )
+    parser.add_argument("query", help="the question")
+    parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
+    parser.add_argument("--method", choices=("drift", "local"), default="drift", help="search method (default drift)")
+    parser.add_argument("--stream", action="store_true", help="print the answer as it is generated")
+    parser.add_argument("--json", action="store_true", help="print the whole SearchResult as JSON")
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="settings file (TOML/YAML); a graphrag settings.yaml is accepted (its drift_search block is used)",
+    )
+    parser.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+        help="override a search setting by field name, e.g. --set drift_k_followups=3 --set n_depth=2 (repeatable)",
+    )
+    parser.add_argument(
+        "--graph-out", metavar="FILE",
+        help="write the DRIFT action graph; format by extension: .json, .graphml or .html (self-contained)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from drift_lance.cli import UsageError
+    from drift_lance.drift.export import EXPORT_FORMATS
+
+    if args.graph_out:
+        if args.method != "drift":
+            raise UsageError("--graph-out needs --method drift (local search has no action graph)")
+        suffix = Path(args.graph_out).suffix.lower()
+        if suffix not in (*EXPORT_FORMATS, ".htm"):
+            raise UsageError(f"--graph-out {args.graph_out}: unknown extension {suffix!r}; use {', '.join(EXPORT_FORMATS)}")
+    if args.stream and args.json:
+        raise UsageError("--stream and --json cannot be combined")
+    settings, search_config = load_query_settings(args)
+    db = args.db or settings.db
+    if not db:
+        raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
+    result = asyncio.run(_search(args, settings, search_config, db))
+    if result is None:  # streamed local search: the answer is all there is
+        return 0
+    if args.json:
+        print(json.dumps(result.model_dump(mode="json"), ensure_ascii=False, indent=2, allow_nan=False))
+    else:
+        print_stats(result, sys.stdout)
+    if args.graph_out and result.state is not None:
+        from drift_lance.drift.export import export_graph
+
+        path = export_graph(result.state, args.graph_out)
+        print(f"action graph written to {path}", file=sys.stderr)
+    return 0
+
+
+def load_query_settings(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Settings (models, db, local) plus the method's search config with --set applied."""
+    from drift_lance.config.drift import load_drift_config, read_config_mapping
+    from drift_lance.config.settings import Settings, parse_assignments
+
+    config_path = Path(args.config) if args.config else None
+    # A graphrag settings.yaml is not a drift-lance settings file: take only its drift_search block.
+    graphrag_file = config_path is not None and _is_graphrag_settings(read_config_mapping(config_path))
+    settings = Settings.load(None if graphrag_file else config_path, db=args.db)
+    if args.method == "local":
+        updated = settings.with_updates(parse_assignments(args.assignments, section="local"))
+        return updated, updated.local
+    drift_config = load_drift_config(
+        config_path if graphrag_file else None,
+        args.assignments,
+        env=None if graphrag_file else {},  # Settings.load already applied env to settings.drift
+        base=settings.drift,
+    )
+    return settings, drift_config
+
+
+def _is_graphrag_settings(data: dict[str, Any]) -> bool:
+    return any(key in data for key in _GRAPHRAG_ONLY_KEYS)
+
+
+async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str) -> SearchResult | None:
+    from drift_lance._lance_store import open_store
+    from drift_lance.models import get_chat_model, get_embedder
+
+    store = await open_store(db, config=settings.store) if hasattr(settings, "store") else await open_store(db)
+    try:
+        # Loading model weights (embedded defaults) must not block the event loop.
+        chat = await asyncio.to_thread(get_chat_model, settings.models)
+        embedder = await asyncio.to_thread(get_embedder, settings.models)
+        if args.method == "local":
+            from drift_lance.local import LocalContextBuilder, LocalSearch
+            from drift_lance.models.tokens import get_tokenizer
+
+            builder = LocalContextBuilder(store, tokenizer=get_tokenizer(config.encoding), config=config)
+            search: Any = LocalSearch(chat, builder, embedder=embedder, config=config)
+            callbacks: list[DriftCallbacks] = []
+        else:
+            search = _drift_search(store, chat, embedder, settings, config)
+            callbacks = [_Progress(sys.stderr)] if sys.stderr.isatty() and not args.json else []
+        return await _run_search(search, args, callbacks)
+    finally:
+        await store.close()
+
+
+def _drift_search(store: Any, chat: Any, embedder: Any, settings: Any, config: Any) -> Any:
+    from drift_lance.drift.search import DRIFTSearch, local_config_for_drift
+    from drift_lance.local.context import LocalContextBuilder
+    from drift_lance.models.tokens import get_tokenizer
+
+    local = local_config_for_drift(config, settings.local)
+    tokenizer = get_tokenizer(local.encoding)
+    return DRIFTSearch(
+        store=store,
+        chat_model=chat,
+        embedder=embedder,
+        context_builder=LocalContextBuilder(store, tokenizer=tokenizer, config=local),
+        tokenizer=tokenizer,
+        config=config,
+    )
+
+
+async def _run_search(search: Any, args: argparse.Namespace, callbacks: list[DriftCallbacks]) -> SearchResult | None:
+    """Print the answer (streamed or whole) and return the SearchResult (None for a streamed local
+    search, whose stream carries no result)."""
+    kwargs = {"callbacks": callbacks} if callbacks else {}
+    if not args.stream:
+        result = await search.search(args.query, **kwargs)
+        if not args.json:
+            print(_answer_text(result.response))
+        return result
+    stream = search.stream_search(args.query, **kwargs)
+    try:
+        async for delta in stream:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    finally:
+        await stream.aclose()
+    sys.stdout.write("\n")
+    return getattr(stream, "result", None)
+
+
+def _answer_text(response: Any) -> str:
+    return response if isinstance(response, str) else json.dumps(response, ensure_ascii=False, indent=2)
+
+
+def print_stats(result: SearchResult, out: TextIO) -> None:
+    """Per-stage LLM calls and tokens, then the wall time."""
+    rows = [(stage, result.llm_calls_categories.get(stage, 0), result.prompt_tokens_categories.get(stage, 0),
+             result.output_tokens_categories.get(stage, 0)) for stage in STAGES]
+    rows.append(("total", result.llm_calls, result.prompt_tokens, result.output_tokens))
+    out.write("\n")
+    out.write(f"{'stage':<14}{'llm_calls':>10}{'prompt_tokens':>15}{'output_tokens':>15}\n")
+    for stage, calls, prompt, output in rows:
+        out.write(f"{stage:<14}{calls:>10}{prompt:>15}{output:>15}\n")
+    out.write(f"completion time: {result.completion_time:.2f} s\n")
+
+
+class _Progress(DriftCallbacks):
+    """One line per DRIFT step on stderr (only when stderr is a terminal)."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.started = time.perf_counter()
+        self.done = 0
+
+    def _line(self, text: str) -> None:
+        self.out.write(f"[{time.perf_counter() - self.started:6.1f}s] {text}\n")
+        self.out.flush()
+
+    def on_primer_done(self, root, reports) -> None:
+        self._line(f"primer: {len(reports)} reports, {len(root.follow_ups)} follow-up questions")
+
+    def on_epoch_start(self, epoch, actions) -> None:
+        self.done = 0
+        self._line(f"epoch {epoch}: {len(actions)} follow-up searches")
+
+    def on_action_completed(self, action, epoch) -> None:
+        self.done += 1
+        status = "failed" if action.failed else f"score {action.score:g}"
+        self._line(f"  [{self.done}] {action.query[:70]} ({status})")
+
+    def on_reduce_start(self, state) -> None:
+        self._line("reduce: writing the answer")

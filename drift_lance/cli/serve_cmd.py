@@ -1,0 +1,60 @@
+"""`drift-lance serve`: run the HTTP search service on an ingested index."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+from drift_lance.errors import StoreError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the HTTP search service (FastAPI on uvicorn)",
+        description="Serve POST /v1/search, POST /v1/search/stream (SSE), GET /v1/index, /healthz and "
+        "/readyz for an ingested index. Set DRIFT_LANCE_API_KEY to require a bearer token.",
+    )
+    parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
+    parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="TCP port (default 8000)")
+    parser.add_argument("--config", metavar="FILE", help="settings file (TOML or YAML)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from drift_lance.cli import UsageError
+    from drift_lance.config.settings import Settings
+    from drift_lance.service import serve
+
+    settings = Settings.load(args.config, db=args.db)
+    if settings.db is None:
+        raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
+    flags = {"service.host": args.host, "service.port": args.port}
+    settings = settings.with_updates({k: v for k, v in flags.items() if v is not None})
+    # Fail fast, with exit 2, on a database that is missing or was never ingested, instead of
+    # starting a server whose /readyz never turns ready.
+    asyncio.run(check_database(settings.db))
+    cfg = settings.service
+    auth = "on" if cfg.api_key else "off"
+    print(f"drift-lance: serving {settings.db} on http://{cfg.host}:{cfg.port} (API key {auth})", file=sys.stderr)
+    serve(settings)
+    return 0
+
+
+async def check_database(uri: str) -> None:
+    """Raise StoreError naming `uri` when it is not an ingested drift-lance index."""
+    from drift_lance._lance_store import open_store
+
+    if is_local_path(uri) and not Path(uri).expanduser().exists():
+        raise StoreError(f"{uri}: database not found")
+    store = await open_store(uri)
+    await store.close()
+
+
+def is_local_path(uri: str) -> bool:
+    scheme = urlparse(uri).scheme
+    return scheme in ("", "file") or len(scheme) == 1  # one letter: a Windows drive

@@ -1,0 +1,235 @@
+"""The one `Settings` model shared by the CLI and the service.
+
+Sources, highest priority first:
+1. keyword overrides passed to `Settings.load(...)` (the CLI's flags);
+2. environment variables with the prefix `DRIFT_LANCE_`, nested with `__`
+   (`DRIFT_LANCE_DRIFT__N_DEPTH=2`, `DRIFT_LANCE_SERVICE__PORT=9000`), plus the short
+   `DRIFT_LANCE_API_KEY` for `service.api_key`;
+3. a TOML or YAML file (`--config FILE`, or the path in `DRIFT_LANCE_CONFIG`);
+4. the defaults of each area's model.
+
+Every validation problem becomes a `ConfigError` naming the file (if any) and the dotted field.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from drift_lance.config.drift import DRIFTSearchConfig, load_drift_config
+from drift_lance.config.ingest import IngestConfig, StoreConfig
+from drift_lance.config.local import LocalSearchConfig
+from drift_lance.config.models import ModelSettings
+from drift_lance.config.service import ServiceConfig
+from drift_lance.errors import ConfigError
+
+ENV_PREFIX = "DRIFT_LANCE_"
+CONFIG_FILE_ENV = "DRIFT_LANCE_CONFIG"
+API_KEY_ENV = "DRIFT_LANCE_API_KEY"
+
+# The file being loaded by the current `Settings.load` call (a ContextVar so concurrent loads of
+# different files cannot see each other's data).
+_file_data: ContextVar[dict[str, Any]] = ContextVar("_drift_lance_settings_file", default={})
+
+
+class Settings(BaseSettings):
+    """Everything configurable, one section per area."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    db: str | None = Field(None, description="LanceDB URI of the ingested index (local path, s3://...)")
+    models: ModelSettings = Field(default_factory=ModelSettings)
+    drift: DRIFTSearchConfig = Field(default_factory=DRIFTSearchConfig)
+    local: LocalSearchConfig = Field(default_factory=LocalSearchConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, _ApiKeyEnvSource(settings_cls), env_settings, _FileSource(settings_cls))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None, /, **overrides: Any) -> Settings:
+        """Settings from `path` (or `$DRIFT_LANCE_CONFIG`), the environment and `overrides`.
+        Overrides set to None are ignored, so CLI flags can be passed through unconditionally."""
+        if path is None and os.environ.get(CONFIG_FILE_ENV):
+            path = os.environ[CONFIG_FILE_ENV]
+        source = Path(path) if path is not None else None
+        data = read_settings_file(source) if source is not None else {}
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        # Two sections read the environment through their owners' loaders, so their documented
+        # variables behave the same everywhere: DRIFT_LANCE_DRIFT__* and DRIFT_LANCE_<MODEL FIELD>.
+        if "drift" not in overrides:
+            overrides["drift"] = load_drift_config(source if "drift" in data else None)
+        if "models" not in overrides:
+            overrides["models"] = _model_settings(data.get("models"), source)
+        token = _file_data.set(data)
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            where = f"config file {source}" if source is not None else "settings"
+            raise ConfigError(f"{where}: {describe_validation_error(exc)}") from None
+        finally:
+            _file_data.reset(token)
+
+    def with_updates(self, updates: Mapping[str, Any]) -> Settings:
+        """A copy with dotted-path updates applied and validated, e.g. {"drift.n_depth": 2}."""
+        data = self.model_dump()
+        for dotted, value in updates.items():
+            _set_dotted(data, dotted, value)
+        try:
+            # Validating through Settings would re-read env and file; validate the plain data instead.
+            checked = _InitOnlySettings(**data)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc)) from None
+        return Settings.model_construct(**{name: getattr(checked, name) for name in Settings.model_fields})
+
+
+def parse_assignments(assignments: Iterable[str], *, section: str | None = None) -> dict[str, Any]:
+    """`["n_depth=2", "drift.primer_folds=3"]` -> dotted updates for `Settings.with_updates`.
+    Values are parsed as YAML scalars (2 -> int, true -> bool, 0.5 -> float, text -> str); keys
+    without a dot are placed under `section` when given."""
+    updates: dict[str, Any] = {}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        if "." not in key and section is not None:
+            key = f"{section}.{key}"
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        updates[key] = value
+    return updates
+
+
+def read_settings_file(path: Path) -> dict[str, Any]:
+    """Parse a TOML (.toml) or YAML (.yaml/.yml) settings file into a dict."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path}: not found")
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_text(encoding="utf-8")
+        if suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: cannot parse: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a table/mapping, got {type(data).__name__}")
+    # graphrag's section names are accepted for the search sections.
+    for graphrag_name, ours in _SECTION_ALIASES.items():
+        if graphrag_name in data:
+            if ours in data:
+                raise ConfigError(f"config file {path}: both {graphrag_name!r} and {ours!r} given; keep one")
+            data[ours] = data.pop(graphrag_name)
+    unknown = sorted(set(data) - set(Settings.model_fields))
+    if unknown:
+        raise ConfigError(
+            f"config file {path}: unknown section {unknown[0]!r}; known: {', '.join(Settings.model_fields)}"
+        )
+    return data
+
+
+_SECTION_ALIASES = {"drift_search": "drift", "local_search": "local"}
+
+
+def _model_settings(section: Any, source: Path | None) -> ModelSettings:
+    """File values for `models`, overridden by ModelSettings' own DRIFT_LANCE_<FIELD> variables.
+    DRIFT_LANCE_API_KEY is the service's bearer token, never the model endpoint's key: sending it to
+    a model provider would leak it."""
+    from_env = ModelSettings()
+    env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set if name != "api_key"}
+    if section is not None and not isinstance(section, dict):
+        raise ConfigError(f"config file {source}: section 'models' must be a table/mapping")
+    try:
+        return ModelSettings.model_validate({**(section or {}), **env_values})
+    except ValidationError as exc:
+        where = f"config file {source}" if source is not None else "model settings"
+        raise ConfigError(f"{where}: {describe_validation_error(exc, prefix='models')}") from None
+
+
+def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
+    """One line naming each bad field by its dotted path (under `prefix`)."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in ([prefix] if prefix else []) + list(err["loc"])) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"field {loc}: {msg}")
+    return "; ".join(parts)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The settings file chosen by the running `Settings.load` call."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return _file_data.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_file_data.get())
+
+
+class _ApiKeyEnvSource(PydanticBaseSettingsSource):
+    """`DRIFT_LANCE_API_KEY`, the documented short name for `service.api_key`."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        key = os.environ.get(API_KEY_ENV)
+        return {"service": {"api_key": key}} if key is not None else {}
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for name in parents:
+        child = node.get(name)
+        if not isinstance(child, dict):
+            raise ConfigError(f"setting {dotted!r}: {name!r} is not a section")
+        node = child
+    node[leaf] = value
+
+
+class _InitOnlySettings(Settings):
+    """Settings validated from explicit data only (no env, no file): for `with_updates`."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)

@@ -1,0 +1,51 @@
+"""Progress callbacks of a DRIFT query (CLI progress display, the HTTP SSE stream).
+
+Subclass `DriftCallbacks` and override what you need; methods may be plain or `async`. A callback
+that raises is logged and skipped: progress display must never fail a query.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from drift_lance.drift.action import DriftAction
+
+__all__ = ["DriftCallbacks", "emit"]
+
+log = logging.getLogger(__name__)
+
+
+class DriftCallbacks:
+    def on_primer_done(self, root: DriftAction, reports: list[dict[str, Any]]) -> Any:
+        """The root action exists; `reports` are the top-k reports the primer read."""
+
+    def on_epoch_start(self, epoch: int, actions: list[DriftAction]) -> Any:
+        """Epoch `epoch` (1-based) is about to run `actions`."""
+
+    def on_action_completed(self, action: DriftAction, epoch: int) -> Any:
+        """A follow-up action finished (answered, or failed: `action.failed`)."""
+
+    def on_reduce_start(self, state: dict[str, Any]) -> Any:
+        """The reduce call starts; `state` is the serialized action graph without context."""
+
+    def on_token(self, token: str) -> Any:
+        """A streamed reduce delta (stream_search only)."""
+
+    def on_reduce_end(self, response: str) -> Any:
+        """The final answer."""
+
+
+async def emit(callbacks: Sequence[DriftCallbacks], event: str, *args: Any) -> None:
+    for callback in callbacks:
+        method = getattr(callback, event, None)
+        if method is None:
+            continue
+        try:
+            outcome = method(*args)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:  # noqa: BLE001 - a broken progress display must not fail the query
+            log.warning("DRIFT callback %s.%s failed", type(callback).__name__, event, exc_info=True)

@@ -1,0 +1,68 @@
+"""`SearchResult`: what every search method (local, DRIFT) returns; JSON-serialisable.
+
+Per-stage counts use graphrag's stage names: `build_context` (for DRIFT: the HyDE expansion),
+`primer`, `action` (the follow-up local searches) and `reduce`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import date, datetime
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+__all__ = ["STAGES", "SearchResult", "to_jsonable"]
+
+STAGES = ("build_context", "primer", "action", "reduce")
+
+
+class SearchResult(BaseModel):
+    response: str | dict[str, Any] | list[Any]
+    # Local search: {section: [records]}. DRIFT: {action query: {section: [records]}}; the root
+    # (primer) action's entry holds the community reports the primer read.
+    context_data: dict[str, Any] = Field(default_factory=dict)
+    context_text: str | list[Any] | dict[str, Any] = ""
+    completion_time: float = 0.0  # seconds
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    llm_calls_categories: dict[str, int] = Field(default_factory=dict)
+    prompt_tokens_categories: dict[str, int] = Field(default_factory=dict)
+    output_tokens_categories: dict[str, int] = Field(default_factory=dict)
+    # DRIFT only: the action graph (QueryState.serialize(include_context=False)).
+    state: dict[str, Any] | None = None
+
+
+def to_jsonable(value: Any) -> Any:
+    """Recursively turn numpy / polars / datetime values into plain JSON types. Non-finite floats
+    become strings ("-inf", "inf", "nan") so the output stays valid JSON."""
+    if isinstance(value, float) or isinstance(value, np.floating):
+        number = float(value)
+        return number if math.isfinite(number) else _nonfinite_text(number)
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.ndarray):
+        return [to_jsonable(item) for item in value.tolist()]
+    if isinstance(value, Mapping):
+        return {str(key): to_jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [to_jsonable(item) for item in value]
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    to_dicts = getattr(value, "to_dicts", None)  # polars DataFrame
+    if callable(to_dicts):
+        return to_jsonable(to_dicts())
+    return str(value)
+
+
+def _nonfinite_text(number: float) -> str:
+    if math.isnan(number):
+        return "nan"
+    return "inf" if number > 0 else "-inf"

@@ -1,0 +1,355 @@
+"""`DRIFTSearch`: primer, follow-up epochs of local searches, reduce.
+
+Per query: a fresh `QueryState`, one `BoundedChat` (the `concurrency` semaphore and the timeout
+shared by every LLM call of the query) and one RNG (seeded by `config.seed`). Actions of an epoch
+run in a TaskGroup, so cancelling the query cancels every in-flight call; an action that fails is
+marked (score -inf, `metadata["error"]`) and the query goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import polars as pl
+
+from drift_lance.config.drift import DRIFTSearchConfig
+from drift_lance.drift.action import ActionAnswer, DriftAction
+from drift_lance.drift.callbacks import DriftCallbacks, emit
+from drift_lance.drift.llm import BoundedChat
+from drift_lance.drift.primer import DRIFTPrimer, check_embedder, failed_call_usage
+from drift_lance.drift.prompts import DriftPrompts, load_prompts
+from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
+from drift_lance.drift.state import QueryState
+from drift_lance.models.base import ChatModel, ChatParams, Embedder, Message, Usage
+from drift_lance.store import IndexStore
+
+__all__ = ["ContextBuilder", "DRIFTSearch", "DriftStream", "local_config_for_drift", "open_drift_search"]
+
+log = logging.getLogger(__name__)
+
+
+class LocalContextLike(Protocol):
+    context_text: str
+    records: dict[str, pl.DataFrame]
+
+
+class ContextBuilder(Protocol):
+    """What DRIFT needs from local search: `drift_lance.local.LocalContextBuilder` fits."""
+
+    async def build(self, query: str, *, query_vector: Any = None, embedder: Embedder | None = None) -> LocalContextLike: ...
+
+
+@dataclass(slots=True)
+class _Run:
+    """Everything one query owns."""
+
+    query: str
+    chat: BoundedChat
+    rng: random.Random
+    callbacks: Sequence[DriftCallbacks]
+    context_slots: asyncio.Semaphore
+    state: QueryState = field(default_factory=QueryState)
+    usage: dict[str, Usage] = field(default_factory=lambda: {stage: Usage() for stage in STAGES})
+    started: float = field(default_factory=time.perf_counter)
+
+
+class DRIFTSearch:
+    def __init__(
+        self,
+        *,
+        store: IndexStore,
+        chat_model: ChatModel,
+        embedder: Embedder,
+        context_builder: ContextBuilder,
+        tokenizer: Any,
+        config: DRIFTSearchConfig | None = None,
+        prompts: DriftPrompts | None = None,
+        callbacks: Sequence[DriftCallbacks] = (),
+        owns_store: bool = False,
+    ):
+        self.store = store
+        self.chat_model = chat_model
+        self.embedder = embedder
+        self.context_builder = context_builder
+        self.tokenizer = tokenizer
+        self.config = config or DRIFTSearchConfig()
+        self.prompts = prompts or load_prompts(self.config)
+        self.callbacks = list(callbacks)
+        self._owns_store = owns_store
+        check_embedder(store, embedder)
+
+    # ------------------------------------------------------------------ public API
+    async def search(self, query: str, *, reduce: bool = True, callbacks: Sequence[DriftCallbacks] = ()) -> SearchResult:
+        """Run the whole query; with `reduce=False` the response is the action graph."""
+        run = self._new_run(query, callbacks)
+        await self._explore(run)
+        if not reduce:
+            return self._result(run, response=run.state.serialize(include_context=False))
+        messages, params = await self._start_reduce(run)
+        result = await run.chat.complete(messages, params=params)
+        run.usage["reduce"] = run.usage["reduce"] + _call_usage(result.usage)
+        await emit(run.callbacks, "on_reduce_end", result.text)
+        return self._result(run, response=result.text)
+
+    def stream_search(self, query: str, *, callbacks: Sequence[DriftCallbacks] = ()) -> DriftStream:
+        """`async for token in stream` yields the reduce deltas; `stream.result` is the full
+        SearchResult once the stream is exhausted."""
+        return DriftStream(self, query, callbacks)
+
+    async def close(self) -> None:
+        if self._owns_store:
+            await self.store.close()
+
+    async def __aenter__(self) -> DRIFTSearch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ stages
+    def _new_run(self, query: str, callbacks: Sequence[DriftCallbacks]) -> _Run:
+        if not query or not query.strip():
+            raise ValueError("DRIFT search query cannot be empty")
+        cfg = self.config
+        return _Run(
+            query=query.strip(),
+            chat=BoundedChat(self.chat_model, concurrency=cfg.concurrency, timeout=cfg.llm_timeout),
+            rng=random.Random(cfg.seed),
+            callbacks=[*self.callbacks, *callbacks],
+            context_slots=asyncio.Semaphore(cfg.concurrency),
+        )
+
+    async def _explore(self, run: _Run) -> None:
+        """Primer, then `n_depth` epochs of follow-up actions."""
+        primer = DRIFTPrimer(
+            store=self.store,
+            chat=run.chat,
+            embedder=self.embedder,
+            tokenizer=self.tokenizer,
+            config=self.config,
+            prompts=self.prompts,
+            rng=run.rng,
+        )
+        outcome = await primer.run(run.query)
+        run.usage["build_context"] = outcome.build_context_usage
+        run.usage["primer"] = outcome.primer_usage
+        root = run.state.add_action(outcome.root)
+        run.state.add_all_follow_ups(root, root.follow_ups)
+        await emit(run.callbacks, "on_primer_done", root, to_jsonable(outcome.reports.drop("full_content", strict=False)))
+
+        scorer = run.state.parent_score if self.config.action_ranking == "parent_score" else None
+        for epoch in range(1, self.config.n_depth + 1):
+            batch = run.state.rank_incomplete_actions(scorer, run.rng)[: self.config.drift_k_followups]
+            if not batch:
+                log.info("DRIFT: no open actions left after %d epoch(s)", epoch - 1)
+                break
+            await emit(run.callbacks, "on_epoch_start", epoch, batch)
+            async with asyncio.TaskGroup() as group:
+                for action in batch:
+                    group.create_task(self._run_action(run, action, epoch))
+            # Follow-ups join the graph in batch order, so node ids do not depend on timing.
+            for action in batch:
+                run.state.add_all_follow_ups(action, action.follow_ups)
+        run.usage["action"] = _usage_from_counts(run.state.action_token_ct())
+
+    async def _run_action(self, run: _Run, action: DriftAction, epoch: int) -> None:
+        """Local search for one follow-up. Never raises (except cancellation): failures mark the action."""
+        llm_started = False
+        try:
+            async with run.context_slots:
+                context = await self.context_builder.build(action.query, embedder=self.embedder)
+            action.metadata["context_data"] = dict(context.records)
+            action.metadata["context_text"] = context.context_text
+            cfg = self.config
+            system = self.prompts.local.format(
+                global_query=run.query,
+                followups=cfg.drift_k_followups,
+                context_data=context.context_text,
+                response_type=cfg.response_type,
+            )
+            params = ChatParams(
+                temperature=cfg.local_search_temperature,
+                top_p=cfg.local_search_top_p,
+                n=cfg.local_search_n,
+                max_tokens=cfg.action_output_cap,
+                seed=cfg.seed,
+            )
+            llm_started = True
+            result = await run.chat.complete(
+                [Message("system", system), Message("user", action.query)], params=params, response_model=ActionAnswer
+            )
+            usage = _call_usage(result.usage)
+            action.record_usage(llm_calls=usage.calls, prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
+            if not isinstance(result.parsed, ActionAnswer):
+                raise ValueError("the model returned no structured answer")
+            action.apply_answer(result.parsed)
+        except Exception as exc:  # noqa: BLE001 - one bad action must not fail the query
+            if llm_started and action.metadata["llm_calls"] == 0:  # the call failed: count what it cost
+                usage = failed_call_usage(exc)
+                action.record_usage(llm_calls=usage.calls, prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
+            action.mark_failed(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+            log.warning("DRIFT action %r failed: %s", action.query, action.metadata["error"])
+        await emit(run.callbacks, "on_action_completed", action, epoch)
+
+    async def _start_reduce(self, run: _Run) -> tuple[list[Message], ChatParams]:
+        await emit(run.callbacks, "on_reduce_start", run.state.serialize(include_context=False))
+        cfg = self.config
+        system = self.prompts.reduce.format(context_data=self._reduce_notes(run.state), response_type=cfg.response_type)
+        params = ChatParams(temperature=cfg.reduce_temperature, max_tokens=cfg.reduce_output_cap, seed=cfg.seed)
+        return [Message("system", system), Message("user", run.query)], params
+
+    def _reduce_notes(self, state: QueryState) -> str:
+        """Intermediate answers within `data_max_tokens`: best scores are kept first, then the
+        kept notes are written in graph order (the primer's answer first)."""
+        answered = [(index, node) for index, node in enumerate(state.graph.nodes) if node.answer and not node.failed]
+        budget = self.config.data_max_tokens
+        kept: list[tuple[int, str]] = []
+        for index, node in sorted(answered, key=lambda item: item[1].sort_score, reverse=True):
+            note = f"## {node.query}\n\n{node.answer.strip()}"
+            cost = self.tokenizer.count(note)
+            if cost > budget:
+                continue
+            kept.append((index, note))
+            budget -= cost
+        if not kept and answered:  # even the best note is over budget: send it cut to size
+            index, node = max(answered, key=lambda item: item[1].sort_score)
+            kept.append((index, self.tokenizer.truncate(f"## {node.query}\n\n{node.answer}", self.config.data_max_tokens)))
+        return "\n\n".join(note for _, note in sorted(kept))
+
+    def _result(self, run: _Run, *, response: Any) -> SearchResult:
+        graph, context_data, context_text = run.state.serialize(include_context=True)
+        calls = {stage: run.usage[stage].calls for stage in STAGES}
+        prompt = {stage: run.usage[stage].prompt_tokens for stage in STAGES}
+        output = {stage: run.usage[stage].output_tokens for stage in STAGES}
+        return SearchResult(
+            response=response,
+            context_data=context_data,
+            context_text=context_text,
+            completion_time=time.perf_counter() - run.started,
+            llm_calls=sum(calls.values()),
+            prompt_tokens=sum(prompt.values()),
+            output_tokens=sum(output.values()),
+            llm_calls_categories=calls,
+            prompt_tokens_categories=prompt,
+            output_tokens_categories=output,
+            state=run.state.serialize(include_context=False),
+        )
+
+
+class DriftStream:
+    """Reduce deltas of one DRIFT query; `result` is set once the stream has been exhausted."""
+
+    def __init__(self, search: DRIFTSearch, query: str, callbacks: Sequence[DriftCallbacks]):
+        self._search = search
+        self._query = query
+        self._callbacks = callbacks
+        self._gen: AsyncIterator[str] | None = None
+        self.result: SearchResult | None = None
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        if self._gen is None:
+            self._gen = self._run()
+        return self._gen
+
+    async def _run(self) -> AsyncIterator[str]:
+        search = self._search
+        run = search._new_run(self._query, self._callbacks)
+        await search._explore(run)
+        messages, params = await search._start_reduce(run)
+        stream = run.chat.stream(messages, params=params)
+        parts: list[str] = []
+        try:
+            async for delta in stream:
+                parts.append(delta)
+                await emit(run.callbacks, "on_token", delta)
+                yield delta
+        finally:
+            await stream.aclose()
+        run.usage["reduce"] = run.usage["reduce"] + _call_usage(stream.usage)
+        text = "".join(parts)
+        await emit(run.callbacks, "on_reduce_end", text)
+        self.result = search._result(run, response=text)
+
+    async def text(self) -> str:
+        """Consume the whole stream and return the answer."""
+        return "".join([delta async for delta in self])
+
+    async def aclose(self) -> None:
+        if self._gen is not None:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+
+
+def _call_usage(usage: Usage) -> Usage:
+    """Usage of one completed call (backends that do not count calls report calls=0)."""
+    return Usage(usage.prompt_tokens, usage.output_tokens, max(usage.calls, 1), usage.counted)
+
+
+def _usage_from_counts(counts: dict[str, int]) -> Usage:
+    return Usage(counts["prompt_tokens"], counts["output_tokens"], counts["llm_calls"])
+
+
+
+def local_config_for_drift(config: DRIFTSearchConfig, base: Any = None) -> Any:
+    """The LocalSearchConfig each follow-up uses: `base` (or defaults) with DRIFT's local_search_*
+    fields applied, as graphrag's DRIFT does for its local context builder. graphrag's DRIFT gives
+    its local searches no claims (covariates), so neither do we."""
+    from drift_lance.config.local import LocalSearchConfig
+
+    data = (base or LocalSearchConfig()).model_dump()
+    data.update(
+        text_unit_prop=config.local_search_text_unit_prop,
+        community_prop=config.local_search_community_prop,
+        top_k_entities=config.local_search_top_k_mapped_entities,
+        top_k_relationships=config.local_search_top_k_relationships,
+        max_context_tokens=config.local_search_max_data_tokens,
+        response_type=config.response_type,
+        include_claims=False,
+    )
+    return LocalSearchConfig.model_validate(data)
+
+
+async def open_drift_search(
+    db_uri: str,
+    *,
+    config: DRIFTSearchConfig | None = None,
+    chat_model: ChatModel | None = None,
+    embedder: Embedder | None = None,
+    storage_options: dict[str, str] | None = None,
+    model_settings: Any = None,
+    local_config: Any = None,
+    callbacks: Sequence[DriftCallbacks] = (),
+) -> DRIFTSearch:
+    """A ready DRIFTSearch on the index at `db_uri`. Models not given are built from
+    `model_settings` (default: from the environment; embedded offline models when no OpenAI endpoint
+    is configured). Opens the store and reads its manifest; nothing is loaded per report or entity."""
+    from drift_lance._lance_store import open_store
+    from drift_lance.local.context import LocalContextBuilder
+    from drift_lance.models import get_chat_model, get_embedder
+    from drift_lance.models.tokens import get_tokenizer
+
+    config = config or DRIFTSearchConfig()
+    prompts = load_prompts(config)  # fail on a bad prompt file before touching the store
+    store = await open_store(db_uri, storage_options=storage_options)
+    try:
+        local = local_config_for_drift(config, local_config)
+        tokenizer = get_tokenizer(local.encoding)
+        return DRIFTSearch(
+            store=store,
+            chat_model=chat_model or get_chat_model(model_settings),
+            embedder=embedder or get_embedder(model_settings),
+            context_builder=LocalContextBuilder(store, tokenizer=tokenizer, config=local),
+            tokenizer=tokenizer,
+            config=config,
+            prompts=prompts,
+            callbacks=callbacks,
+            owns_store=True,
+        )
+    except BaseException:
+        await store.close()
+        raise

@@ -1,0 +1,22 @@
+"""Local search on LanceDB: graphrag 3.x's mixed local context, built from rows fetched by key."""
+
+from drift_lance.local.context import (
+    SECTIONS,
+    LocalContext,
+    LocalContextBuilder,
+    build_local_context,
+    check_embedder_compatible,
+)
+from drift_lance.local.history import ConversationHistory
+from drift_lance.local.search import LocalSearch, load_local_prompt
+
+__all__ = [
+    "SECTIONS",
+    "ConversationHistory",
+    "LocalContext",
+    "LocalContextBuilder",
+    "LocalSearch",
+    "build_local_context",
+    "check_embedder_compatible",
+    "load_local_prompt",
+]

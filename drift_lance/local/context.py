@@ -1,0 +1,574 @@
+"""The local-search context builder: graphrag 3.x's LocalSearchMixedContext on rows fetched from
+LanceDB by key, so memory stays flat as the corpus grows.
+
+One build = one ANN query on the entity vectors (oversampled x2 like graphrag), then one concurrent
+round of exact key lookups (reports by community, relationships by source/target title, claims by
+subject, text units by id), then the sections in graphrag's order and layout:
+
+    [Conversation History] Reports | Entities, Relationships, claims | Sources
+
+Budgets follow graphrag: `int(T * community_prop)` for reports, `int(T * (1 - community_prop -
+text_unit_prop))` for the entity/relationship/claim block, `int(T * text_unit_prop)` for sources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+import numpy as np
+import polars as pl
+from pydantic import ValidationError
+
+from drift_lance import schema
+from drift_lance.config.local import LocalSearchConfig
+from drift_lance.errors import ConfigError, EmbeddingMismatchError, StoreError
+from drift_lance.local.history import ConversationHistory
+from drift_lance.local.ranking import RelationshipSteps, community_order, rank_reports, rank_text_units
+from drift_lance.local.render import RenderedSection, TokenCounter, render_csv_section, render_table_section
+from drift_lance.models.base import Embedder
+from drift_lance.models.tokens import Tokenizer, get_tokenizer
+from drift_lance.store import IndexStore
+
+__all__ = [
+    "SECTIONS",
+    "LocalContext",
+    "LocalContextBuilder",
+    "build_local_context",
+    "check_embedder_compatible",
+]
+
+log = logging.getLogger(__name__)
+
+SECTIONS = ("reports", "entities", "relationships", "claims", "sources")
+OVERSAMPLE = 2  # graphrag asks the vector store for 2 x top_k entities and keeps every match
+CLAIM_ATTRIBUTES = ("object_id", "status", "start_date", "end_date", "description")
+
+_ENTITY_COLUMNS = [
+    "id",
+    "human_readable_id",
+    "title",
+    "description",
+    "degree",
+    "text_unit_ids",
+    "community_ids",
+    "community_levels",
+]
+_RELATIONSHIP_COLUMNS = [
+    "id",
+    "human_readable_id",
+    "source",
+    "target",
+    "description",
+    "weight",
+    "combined_degree",
+    "text_unit_ids",
+]
+_CLAIM_COLUMNS = ["human_readable_id", "subject_id", *CLAIM_ATTRIBUTES]
+# Fetched for every candidate unit (ranking); the text itself only for the units that may fit.
+_UNIT_RANKING_COLUMNS = ["id", "human_readable_id", "n_tokens", "relationship_ids"]
+_UNIT_FETCH_SLACK = 2  # extra units fetched beyond the n_tokens estimate, to avoid a second trip
+
+
+@dataclass
+class LocalContext:
+    """What the LLM gets (`context_text`) and the records behind it, per section, with graphrag's
+    record columns (all strings; `id` is the id shown in the text)."""
+
+    context_text: str
+    records: dict[str, pl.DataFrame]
+    selected_entity_ids: list[str]
+    tokenizer: Tokenizer | None = field(default=None, repr=False)
+    llm_calls: int = 0  # context building calls no model
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    _tokens: int | None = field(default=None, repr=False)
+
+    @property
+    def token_count(self) -> int:
+        """Tokens of `context_text` (counted on first use)."""
+        if self._tokens is None:
+            self._tokens = (self.tokenizer or get_tokenizer()).count(self.context_text)
+        return self._tokens
+
+    def record_ids(self, section: str) -> list[str]:
+        frame = self.records.get(section)
+        return [] if frame is None or "id" not in frame.columns else frame["id"].to_list()
+
+    def to_json(self) -> dict[str, Any]:
+        """{"context_text": ..., "records": {section: [record, ...]}} for every section."""
+        return {
+            "context_text": self.context_text,
+            "records": {name: self.records[name].to_dicts() for name in SECTIONS},
+        }
+
+
+def check_embedder_compatible(store: IndexStore, embedder: Embedder, table: str = schema.ENTITIES) -> None:
+    """Raise EmbeddingMismatchError unless `embedder` makes vectors comparable with `table`'s."""
+    info = store.manifest.vectors.get(table)
+    if info is None:
+        raise StoreError(f"{store.uri}: table {table!r} has no vectors in the manifest")
+    if embedder.dimension != info.dimension:
+        raise EmbeddingMismatchError(
+            f"embedder {embedder.model_id!r} makes {embedder.dimension}-d vectors but table {table!r} of "
+            f"{store.uri} holds {info.dimension}-d vectors from model {info.model!r}"
+        )
+    if info.model != "unknown" and embedder.model_id != info.model:
+        raise EmbeddingMismatchError(
+            f"embedder {embedder.model_id!r} differs from model {info.model!r} that embedded table "
+            f"{table!r} of {store.uri}; configure the same embedding model or pass a query vector"
+        )
+
+
+class LocalContextBuilder:
+    """Builds graphrag-identical local-search contexts from an `IndexStore`.
+
+    `build` takes per-call overrides of any `LocalSearchConfig` field (DRIFT passes its own
+    budgets this way)."""
+
+    def __init__(self, store: IndexStore, *, tokenizer: Tokenizer | None = None, config: LocalSearchConfig | None = None):
+        self.store = store
+        self.config = config or LocalSearchConfig()
+        self._tokenizer = tokenizer
+        # Only with carry_relationship_links: the `links` values graphrag leaves on its shared
+        # relationship objects, which later builds print for relationships they never re-rank.
+        self._links_memory: dict[str, int] = {}
+
+    def resolve_config(self, overrides: Mapping[str, Any]) -> LocalSearchConfig:
+        if not overrides:
+            return self.config
+        values = dict(overrides)
+        if "top_k_mapped_entities" in values:
+            values["top_k_entities"] = values.pop("top_k_mapped_entities")
+        try:
+            return LocalSearchConfig.model_validate({**self.config.model_dump(), **values})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'local'}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"local search settings: {problems}") from None
+
+    def tokenizer_for(self, config: LocalSearchConfig) -> Tokenizer:
+        return self._tokenizer or get_tokenizer(config.encoding)
+
+    async def build(
+        self,
+        query: str,
+        *,
+        query_vector: np.ndarray | Sequence[float] | None = None,
+        embedder: Embedder | None = None,
+        conversation_history: Any = None,
+        **overrides: Any,
+    ) -> LocalContext:
+        cfg = self.resolve_config(overrides)
+        tokenizer = self.tokenizer_for(cfg)
+        counter = TokenCounter(tokenizer)
+        history = ConversationHistory.from_any(conversation_history)
+
+        mapping_text = query
+        if history:
+            # graphrag maps the query plus the previous user questions to entities.
+            recent = history.recent_user_questions(cfg.conversation_history_max_turns)
+            mapping_text = f"{query}\n" + "\n".join(recent)
+        vector = await self._query_vector(mapping_text, query_vector, embedder)
+        selected = await self._select_entities(mapping_text, vector, cfg)
+
+        parts: list[str] = []
+        budget = cfg.max_context_tokens
+        if history:
+            history_text = history.render(
+                counter=counter,
+                max_turns=cfg.conversation_history_max_turns,
+                user_turns_only=cfg.conversation_history_user_turns_only,
+                max_tokens=budget,
+                delimiter=cfg.column_delimiter,
+            )
+            if history_text.strip():
+                parts.append(history_text)
+                budget -= counter.count(history_text)
+
+        fetched = await self._fetch_candidates(selected, cfg)
+        records: dict[str, pl.DataFrame] = {}
+
+        reports = self._reports_section(selected, fetched, cfg, counter, max(int(budget * cfg.community_prop), 0))
+        if reports.text.strip():
+            parts.append(reports.text)
+        records["reports"] = reports.records()
+
+        local_prop = 1 - cfg.community_prop - cfg.text_unit_prop
+        local_text, local_records = self._local_block(selected, fetched, cfg, counter, max(int(budget * local_prop), 0))
+        if local_text.strip():
+            parts.append(local_text)
+        records.update(local_records)
+
+        sources = await self._sources_section(selected, fetched, cfg, counter, max(int(budget * cfg.text_unit_prop), 0))
+        if sources.text.strip():
+            parts.append(sources.text)
+        records["sources"] = sources.records()
+
+        return LocalContext(
+            context_text="\n\n".join(parts),
+            records={name: records[name] for name in SECTIONS},
+            selected_entity_ids=selected["id"].to_list(),
+            tokenizer=tokenizer,
+        )
+
+    # ------------------------------------------------------------------ entity mapping
+
+    async def _query_vector(
+        self, text: str, query_vector: np.ndarray | Sequence[float] | None, embedder: Embedder | None
+    ) -> np.ndarray | None:
+        if query_vector is not None:
+            vector = np.asarray(query_vector, dtype=np.float32).reshape(-1)
+            info = self.store.manifest.vectors.get(schema.ENTITIES)
+            if info is not None and vector.shape[0] != info.dimension:
+                raise EmbeddingMismatchError(
+                    f"query vector has dimension {vector.shape[0]} but table 'entities' of {self.store.uri} "
+                    f"holds {info.dimension}-d vectors (model {info.model!r})"
+                )
+            return vector
+        if text == "":
+            return None  # graphrag: an empty query selects the highest-degree entities
+        if embedder is None:
+            raise ConfigError("local search needs a query vector or an embedder to map the query to entities")
+        check_embedder_compatible(self.store, embedder)
+        matrix = await embedder.embed([text], kind="query")
+        return np.asarray(matrix, dtype=np.float32)[0]
+
+    async def _select_entities(self, text: str, vector: np.ndarray | None, cfg: LocalSearchConfig) -> pl.DataFrame:
+        """Selected entities in graphrag's order: included names first, then the ANN matches that
+        are members at `community_level` and not excluded. Duplicates are kept, as graphrag does."""
+        level = cfg.community_level
+        if vector is not None:
+            k = cfg.top_k_entities * OVERSAMPLE
+            matched = await self.store.search(schema.ENTITIES, vector, k, columns=_ENTITY_COLUMNS)
+            matched = matched.drop("_similarity")
+        else:
+            matched = await self._top_degree_entities(cfg.top_k_entities, level)
+        matched = _with_membership(matched, level)
+        if cfg.exclude_entity_names:
+            matched = matched.filter(~pl.col("title").is_in(cfg.exclude_entity_names))
+        included = await self._included_entities(cfg.include_entity_names, level)
+        return pl.concat([included, matched], how="vertical_relaxed") if len(included) else matched
+
+    async def _top_degree_entities(self, k: int, level: int) -> pl.DataFrame:
+        # Only three narrow columns are scanned; rows are fetched for the k winners.
+        ranks = await self.store.scan(schema.ENTITIES, columns=["id", "human_readable_id", "degree", "community_levels"])
+        ranks = ranks.filter(_eligible(level)).sort(
+            [pl.col("degree").fill_null(0), "human_readable_id"], descending=[True, False]
+        )
+        winners = ranks["id"].head(k).to_list()
+        rows = await self.store.fetch(schema.ENTITIES, "id", winners, columns=_ENTITY_COLUMNS)
+        return _in_key_order(rows, "id", winners)
+
+    async def _included_entities(self, names: Sequence[str], level: int) -> pl.DataFrame:
+        if not names:
+            return pl.DataFrame()
+        rows = await self.store.fetch(schema.ENTITIES, "title", list(names), columns=_ENTITY_COLUMNS)
+        rows = _with_membership(rows.sort("human_readable_id"), level)
+        return pl.concat([rows.filter(pl.col("title") == name) for name in names], how="vertical_relaxed")
+
+    # ------------------------------------------------------------------ fetching
+
+    async def _fetch_candidates(self, selected: pl.DataFrame, cfg: LocalSearchConfig) -> dict[str, pl.DataFrame]:
+        """Every candidate row the sections rank, in one concurrent round of key lookups."""
+        store = self.store
+        titles = selected["title"].unique(maintain_order=True).to_list()
+        communities = sorted({c for members in selected["membership"].to_list() for c in members})
+        unit_ids = list(dict.fromkeys(chain.from_iterable(u or () for u in selected["text_unit_ids"].to_list())))
+        content = "summary" if cfg.use_community_summary else "full_content"
+
+        async def nothing() -> pl.DataFrame:
+            return pl.DataFrame()
+
+        def lookup(table: str, key: str, values: list[Any], columns: list[str]):
+            if not values or not store.has_table(table):
+                return nothing()
+            return store.fetch(table, key, values, columns=columns)
+
+        report_columns = ["community", "level", "rank", "title", content]
+        claims_active = cfg.include_claims and store.has_table(schema.COVARIATES)
+        results = await asyncio.gather(
+            lookup(schema.COMMUNITY_REPORTS, "community", communities, report_columns),
+            lookup(schema.RELATIONSHIPS, "source", titles, _RELATIONSHIP_COLUMNS),
+            lookup(schema.RELATIONSHIPS, "target", titles, _RELATIONSHIP_COLUMNS),
+            lookup(schema.COVARIATES, "subject_id", titles if claims_active else [], _CLAIM_COLUMNS),
+            lookup(schema.TEXT_UNITS, "id", unit_ids, _UNIT_RANKING_COLUMNS),
+        )
+        reports, by_source, by_target, claims, units = results
+        found = [frame for frame in (by_source, by_target) if len(frame)]
+        relationships = (
+            pl.concat(found, how="vertical_relaxed").unique("id", keep="first").sort("human_readable_id")
+            if found
+            else _empty_relationships()
+        )
+        if len(reports):
+            reports = reports.filter(pl.col("level") <= cfg.community_level).rename({content: "content"})
+        return {
+            "reports": reports,
+            "relationships": relationships,
+            "claims": claims.sort("human_readable_id") if len(claims) else claims,
+            "units": units,
+        }
+
+    # ------------------------------------------------------------------ sections
+
+    def _reports_section(
+        self, selected: pl.DataFrame, fetched: dict[str, pl.DataFrame], cfg: LocalSearchConfig, counter: TokenCounter, budget: int
+    ) -> RenderedSection:
+        header = ["id", "title", "summary" if cfg.use_community_summary else "content"]
+        if cfg.include_community_rank:
+            header.append("rank")
+        if len(selected) == 0 or self._table_rows(schema.COMMUNITY_REPORTS) == 0:
+            return RenderedSection("", header)
+        reports = fetched["reports"]
+        ranked = (
+            rank_reports(community_order(selected["membership"].to_list()), reports, min_rank=cfg.min_community_rank)
+            if len(reports)
+            else reports
+        )
+
+        def rows() -> Iterator[list[str]]:
+            for report in ranked.iter_rows(named=True):
+                row = [str(report["community"]), _text(report["title"]), _text(report["content"])]
+                if cfg.include_community_rank:
+                    row.append(str(report["rank"]))
+                yield row
+
+        section = render_csv_section(
+            cfg.community_context_name, header, rows(), budget=budget, counter=counter, delimiter=cfg.column_delimiter
+        )
+        if not section.rows and cfg.reproduce_reference_defects:
+            section.text = "[]"  # graphrag 3.x writes str([]) when no report fits
+        return section
+
+    def _local_block(
+        self, selected: pl.DataFrame, fetched: dict[str, pl.DataFrame], cfg: LocalSearchConfig, counter: TokenCounter, budget: int
+    ) -> tuple[str, dict[str, pl.DataFrame]]:
+        """Entities, then relationships and claims grown one selected entity at a time until the
+        block would exceed `budget` (the last state that fits is kept)."""
+        delimiter = cfg.column_delimiter
+        entity_header = ["id", "entity", "description"] + ([cfg.rank_description] if cfg.include_entity_rank else [])
+        relationship_header = ["id", "source", "target", "description"] + (["weight"] if cfg.include_relationship_weight else [])
+        claim_header = ["id", "entity", *CLAIM_ATTRIBUTES]
+        empty = {
+            "entities": RenderedSection("", entity_header).records(),
+            "relationships": RenderedSection("", relationship_header).records(),
+            "claims": RenderedSection("", claim_header).records(),
+        }
+        if len(selected) == 0:
+            return "", empty
+
+        entities = render_table_section(
+            "Entities", entity_header, _entity_rows(selected, cfg), budget=budget, counter=counter, delimiter=delimiter
+        )
+        if not entities.rows and not cfg.reproduce_reference_defects:
+            return "", empty  # graphrag would print a bare Entities header here
+
+        titles = selected["title"].to_list()
+        claims_active = cfg.include_claims and self.store.has_table(schema.COVARIATES)
+        claims_by_subject = _group_claims(fetched["claims"]) if claims_active else {}
+        any_claims = claims_active and self._table_rows(schema.COVARIATES) > 0
+        relationships = fetched["relationships"]
+        steps = RelationshipSteps(
+            relationships,
+            titles,
+            ranking=cfg.relationship_ranking_attribute,
+            top_k=cfg.top_k_relationships,
+            links_memory=self._links_memory if cfg.carry_relationship_links else None,
+        )
+
+        kept_parts: list[str] = []
+        kept: dict[str, RenderedSection] = {}
+        for index in range(len(titles)):
+            step = steps.step(index, index + 1)
+            rel_section = self._relationship_section(steps.frame, step.order, step.links, relationship_header, budget, counter, delimiter)
+            parts = [rel_section.text]
+            total = entities.tokens + rel_section.tokens
+            current = {"relationships": rel_section}
+            if claims_active:
+                claim_section = (
+                    render_table_section(
+                        "claims",
+                        claim_header,
+                        chain.from_iterable(claims_by_subject.get(t, ()) for t in titles[: index + 1]),
+                        budget=budget,
+                        counter=counter,
+                        delimiter=delimiter,
+                    )
+                    if any_claims
+                    else RenderedSection("", claim_header)
+                )
+                parts.append(claim_section.text)
+                total += claim_section.tokens
+                current["claims"] = claim_section
+            if total > budget:
+                break
+            kept_parts, kept = parts, current
+        if cfg.carry_relationship_links:
+            self._links_memory.update(steps.links_state())
+
+        records = dict(empty)
+        records["entities"] = entities.records()
+        for name, section in kept.items():
+            records[name] = section.records()
+        return entities.text + "\n\n" + "\n\n".join(kept_parts), records
+
+    def _relationship_section(
+        self,
+        frame: pl.DataFrame,
+        order: np.ndarray,
+        links: np.ndarray,
+        header: list[str],
+        budget: int,
+        counter: TokenCounter,
+        delimiter: str,
+    ) -> RenderedSection:
+        if len(order) == 0:
+            return RenderedSection("", header)
+        with_weight = "weight" in header
+        # graphrag adds a `links` column when the first record carries a links attribute.
+        with_links = bool(links[order[0]])
+        full_header = header + (["links"] if with_links else [])
+        picked = frame[order.tolist()]
+        picked_links = links[order].tolist()
+
+        def rows() -> Iterator[list[str]]:
+            for rel, link in zip(picked.iter_rows(named=True), picked_links):
+                row = [_short_id(rel["human_readable_id"]), rel["source"], rel["target"], _text(rel["description"])]
+                if with_weight:
+                    row.append(str(rel["weight"]) if rel["weight"] else "")
+                if with_links:
+                    row.append(str(link) if link else "")
+                yield row
+
+        return render_table_section("Relationships", full_header, rows(), budget=budget, counter=counter, delimiter=delimiter)
+
+    async def _sources_section(
+        self, selected: pl.DataFrame, fetched: dict[str, pl.DataFrame], cfg: LocalSearchConfig, counter: TokenCounter, budget: int
+    ) -> RenderedSection:
+        header = ["id", "text"]
+        units = fetched["units"]
+        if len(selected) == 0 or len(units) == 0:
+            return RenderedSection("", header)
+        ranked = rank_text_units(
+            selected["text_unit_ids"].to_list(),
+            selected["title"].to_list(),
+            units,
+            fetched["relationships"],
+        )
+        if not ranked:
+            return RenderedSection("", header)
+        short_ids = dict(zip(units["id"].to_list(), units["human_readable_id"].to_list()))
+        estimates = dict(zip(units["id"].to_list(), units["n_tokens"].fill_null(0).to_list()))
+        texts: dict[str, str] = {}
+        fetch_upto = _estimated_fit(ranked, estimates, budget)
+        while True:
+            missing = [u for u in ranked[:fetch_upto] if u not in texts]
+            if missing:
+                rows = await self.store.fetch(schema.TEXT_UNITS, "id", missing, columns=["id", "text"])
+                texts.update(zip(rows["id"].to_list(), rows["text"].to_list()))
+            section = render_table_section(
+                "Sources",
+                header,
+                ([_short_id(short_ids[u]), _text(texts.get(u))] for u in ranked[:fetch_upto]),
+                budget=budget,
+                counter=counter,
+                delimiter=cfg.column_delimiter,
+            )
+            # Done when a unit did not fit, or every ranked unit was offered.
+            if len(section.rows) < fetch_upto or fetch_upto >= len(ranked):
+                return section
+            fetch_upto = min(len(ranked), fetch_upto * 2)
+
+    def _table_rows(self, table: str) -> int:
+        info = self.store.manifest.tables.get(table)
+        return info.rows if info is not None else 0
+
+
+async def build_local_context(
+    store: IndexStore,
+    query: str,
+    *,
+    query_vector: np.ndarray | Sequence[float] | None = None,
+    embedder: Embedder | None = None,
+    conversation_history: Any = None,
+    tokenizer: Tokenizer | None = None,
+    **params: Any,
+) -> LocalContext:
+    """One-shot context build; `params` are `LocalSearchConfig` fields (graphrag's names)."""
+    builder = LocalContextBuilder(store, tokenizer=tokenizer)
+    return await builder.build(
+        query, query_vector=query_vector, embedder=embedder, conversation_history=conversation_history, **params
+    )
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _short_id(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _eligible(level: int) -> pl.Expr:
+    """graphrag drops entities whose every community is deeper than `level` (entities without any
+    community stay)."""
+    levels = pl.col("community_levels").fill_null([])
+    return (levels.list.len() == 0) | (levels.list.eval(pl.element() <= level).list.any())
+
+
+def _with_membership(frame: pl.DataFrame, level: int) -> pl.DataFrame:
+    """Keep eligible entities and add `membership`: their communities at levels <= `level`, in
+    stored (community-table) order."""
+    frame = frame.filter(_eligible(level))
+    memberships = [
+        [c for c, lvl in zip(ids or (), levels or ()) if lvl is not None and lvl <= level]
+        for ids, levels in zip(frame["community_ids"].to_list(), frame["community_levels"].to_list())
+    ]
+    return frame.with_columns(pl.Series("membership", memberships, dtype=pl.List(pl.Int64)))
+
+
+def _empty_relationships() -> pl.DataFrame:
+    frame = pl.from_arrow(schema.table_schema(schema.RELATIONSHIPS).empty_table().select(_RELATIONSHIP_COLUMNS))
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def _in_key_order(frame: pl.DataFrame, key: str, keys: Sequence[Any]) -> pl.DataFrame:
+    position = {k: i for i, k in enumerate(keys)}
+    return frame.with_columns(pl.col(key).replace_strict(position, return_dtype=pl.Int64).alias("_pos")).sort("_pos").drop("_pos")
+
+
+def _entity_rows(selected: pl.DataFrame, cfg: LocalSearchConfig) -> Iterator[list[str]]:
+    for entity in selected.iter_rows(named=True):
+        row = [_short_id(entity["human_readable_id"]), entity["title"], _text(entity["description"])]
+        if cfg.include_entity_rank:
+            row.append(str(entity["degree"]))  # graphrag prints the rank as is ("None" when missing)
+        yield row
+
+
+def _group_claims(claims: pl.DataFrame) -> dict[str, list[list[str]]]:
+    """Claim rows per subject title, in table order."""
+    grouped: dict[str, list[list[str]]] = {}
+    for claim in claims.iter_rows(named=True):
+        row = [_short_id(claim["human_readable_id"]), claim["subject_id"]]
+        row += [str(claim[name]) if claim[name] else "" for name in CLAIM_ATTRIBUTES]
+        grouped.setdefault(claim["subject_id"], []).append(row)
+    return grouped
+
+
+def _estimated_fit(ranked: list[str], estimates: dict[str, int], budget: int) -> int:
+    """How many ranked units to fetch text for: those whose stored n_tokens fit, plus slack."""
+    used, count = 0, 0
+    for unit in ranked:
+        used += estimates.get(unit) or 0
+        count += 1
+        if used > budget:
+            break
+    return min(len(ranked), max(1, count + _UNIT_FETCH_SLACK))

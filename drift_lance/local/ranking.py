@@ -1,0 +1,213 @@
+"""Which records each section offers, in which order: graphrag 3.x's ranking rules on fetched rows.
+
+All functions are pure (Polars / numpy in, ordered rows out) so they can be tested on hand-made
+tables. Input order ties are broken by `human_readable_id`, which is the row order of graphrag's
+parquet files (graphrag keeps its in-memory lists in that order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+__all__ = [
+    "RelationshipSteps",
+    "community_order",
+    "membership_order",
+    "rank_reports",
+    "rank_text_units",
+]
+
+NOT_SELECTED = np.iinfo(np.int64).max
+
+
+def membership_order(community_ids: Sequence[int]) -> list[int]:
+    """The iteration order graphrag gives an entity's communities. graphrag aggregates membership
+    into a Python set of community numbers (inserted in community-table order) and iterates it,
+    and that order breaks ties between equally ranked reports. Equal numbers hash equally whether
+    int or float, so a set built here in the same insertion order iterates identically."""
+    return list(set(community_ids))
+
+
+def community_order(selected_memberships: Sequence[Sequence[int]]) -> pl.DataFrame:
+    """Communities of the selected entities with their match counts, in first-seen order:
+    columns community, matches, first_seen."""
+    matches: dict[int, int] = {}
+    for memberships in selected_memberships:
+        for community in membership_order(memberships):
+            matches[community] = matches.get(community, 0) + 1
+    return pl.DataFrame(
+        {
+            "community": list(matches),
+            "matches": list(matches.values()),
+            "first_seen": list(range(len(matches))),
+        },
+        schema={"community": pl.Int64, "matches": pl.Int64, "first_seen": pl.Int64},
+    )
+
+
+def rank_reports(candidates: pl.DataFrame, reports: pl.DataFrame, *, min_rank: float) -> pl.DataFrame:
+    """Reports ordered by number of selected entities in the community, then report rank (both
+    descending; ties keep first-seen order), keeping reports with a rank >= `min_rank`."""
+    ranked = candidates.join(reports, on="community", how="inner")
+    ranked = ranked.sort(["matches", "rank", "first_seen"], descending=[True, True, False], nulls_last=True)
+    return ranked.filter(pl.col("rank").is_not_null() & (pl.col("rank") >= min_rank))
+
+
+@dataclass(slots=True)
+class RelationshipStep:
+    """The relationship records offered after adding entity number `step` (0-based)."""
+
+    order: np.ndarray  # row positions into the candidate frame, in section order
+    links: np.ndarray  # per candidate row: graphrag's `links` attribute as it stands (0 = unset)
+
+
+class RelationshipSteps:
+    """graphrag's relationship ranking, replayed as entities are added one at a time.
+
+    For the first i+1 selected entities: in-network relationships (both ends selected) by rank,
+    then out-of-network ones (one end selected) by `links` (how many selected entities the outside
+    end is linked to), then rank, capped at top_k_relationships x (i+1). graphrag stores `links` on
+    the shared relationship objects, so a relationship keeps the value from the last step in which it
+    was out-of-network (it shows in the `links` column); `links` here carries that state.
+    `links_memory` seeds it with values left by earlier builds (graphrag keeps them for the life of
+    the context builder)."""
+
+    def __init__(
+        self,
+        candidates: pl.DataFrame,
+        selected_titles: Sequence[str],
+        *,
+        ranking: str,
+        top_k: int,
+        links_memory: Mapping[str, int] | None = None,
+    ):
+        first_step: dict[str, int] = {}
+        for step, title in enumerate(selected_titles):
+            first_step.setdefault(title, step)
+        self.frame = candidates
+        self.top_k = top_k
+        self.n_selected = 0
+        sources = candidates["source"].to_list()
+        targets = candidates["target"].to_list()
+        self._source_step = np.array([first_step.get(s, NOT_SELECTED) for s in sources], dtype=np.int64)
+        self._target_step = np.array([first_step.get(t, NOT_SELECTED) for t in targets], dtype=np.int64)
+        column = "combined_degree" if ranking == "rank" else "weight"
+        self._rank = candidates[column].cast(pl.Float64).fill_null(0.0).to_numpy()
+        self._input_order = np.arange(len(candidates))
+        self._source_codes, self._target_codes = _name_codes(sources, targets)
+        self.links = np.zeros(len(candidates), dtype=np.int64)
+        if links_memory:
+            ids = candidates["id"].to_list()
+            self.links[:] = [links_memory.get(rel_id, 0) for rel_id in ids]
+
+    def links_state(self) -> dict[str, int]:
+        """{relationship id: links} for every candidate that carries the attribute."""
+        ids = self.frame["id"].to_list()
+        return {ids[i]: int(self.links[i]) for i in np.flatnonzero(self.links)}
+
+    def step(self, index: int, n_selected: int) -> RelationshipStep:
+        """Ranking once selected entities [0..index] are in (`n_selected` counts duplicates)."""
+        src_in = self._source_step <= index
+        tgt_in = self._target_step <= index
+        in_network = np.flatnonzero(src_in & tgt_in)
+        in_network = in_network[np.lexsort((self._input_order[in_network], -self._rank[in_network]))]
+        out_network = np.flatnonzero(src_in ^ tgt_in)
+        if len(out_network) > 1:
+            self._update_links(out_network, src_in)
+            # graphrag lists source-side matches before target-side ones, then sorts stably.
+            group = (~src_in[out_network]).astype(np.int64)
+            out_network = out_network[
+                np.lexsort(
+                    (
+                        self._input_order[out_network],
+                        group,
+                        -self._rank[out_network],
+                        -self.links[out_network],
+                    )
+                )
+            ][: self.top_k * n_selected]
+        return RelationshipStep(np.concatenate([in_network, out_network]), self.links.copy())
+
+    def _update_links(self, out_network: np.ndarray, src_in: np.ndarray) -> None:
+        outside_is_target = src_in[out_network]
+        outside = np.where(outside_is_target, self._target_codes[out_network], self._source_codes[out_network])
+        inside = np.where(outside_is_target, self._source_codes[out_network], self._target_codes[out_network])
+        pairs = np.unique(np.stack([outside, inside], axis=1), axis=0)
+        linked = np.bincount(pairs[:, 0], minlength=int(outside.max()) + 1)
+        self.links[out_network] = linked[outside]
+
+
+def _name_codes(sources: list[str], targets: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    codes: dict[str, int] = {}
+    src = np.array([codes.setdefault(s, len(codes)) for s in sources], dtype=np.int64)
+    tgt = np.array([codes.setdefault(t, len(codes)) for t in targets], dtype=np.int64)
+    return src, tgt
+
+
+def rank_text_units(
+    entity_units: Sequence[Sequence[str]],
+    entity_titles: Sequence[str],
+    units: pl.DataFrame,
+    relationships: pl.DataFrame,
+) -> list[str]:
+    """Text-unit ids in graphrag's source order: by the position of the first selected entity that
+    cites the unit, then by how many of that entity's relationships the unit supports (descending),
+    then citation order. `units` (id, relationship_ids) holds the units that exist; `relationships`
+    (id, source, target, text_unit_ids) every relationship touching a selected entity."""
+    existing = set(units["id"].to_list())
+    claims: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for position, unit_ids in enumerate(entity_units):
+        for unit_id in unit_ids or ():
+            if unit_id not in seen and unit_id in existing:
+                seen.add(unit_id)
+                claims.append((unit_id, position))
+    if not claims:
+        return []
+    claimed = pl.DataFrame(
+        {"id": [c[0] for c in claims], "position": [c[1] for c in claims], "cited": list(range(len(claims)))},
+        schema={"id": pl.String, "position": pl.Int64, "cited": pl.Int64},
+    )
+    counts = _supported_relationship_counts(claimed, entity_titles, units, relationships)
+    ranked = claimed.join(counts, on=["id", "position"], how="left").with_columns(pl.col("supported").fill_null(0))
+    ranked = ranked.sort(["position", "supported", "cited"], descending=[False, True, False])
+    return ranked["id"].to_list()
+
+
+def _supported_relationship_counts(
+    claimed: pl.DataFrame, entity_titles: Sequence[str], units: pl.DataFrame, relationships: pl.DataFrame
+) -> pl.DataFrame:
+    """graphrag's count_relationships for each (unit, claiming entity): the unit's relationship ids
+    that belong to the entity; for units without relationship ids, the entity's relationships that
+    cite the unit."""
+    titles = pl.DataFrame({"position": list(range(len(entity_titles))), "title": list(entity_titles)})
+    rels = relationships.select("id", "source", "target", "text_unit_ids")
+    entity_rels = pl.concat(
+        [
+            titles.join(rels.rename({"id": "rel_id"}), left_on="title", right_on=side, how="inner").select(
+                "position", "rel_id", "text_unit_ids"
+            )
+            for side in ("source", "target")
+        ]
+    ).unique(["position", "rel_id"])
+    units = units.with_columns(pl.col("relationship_ids").fill_null([]))
+    with_ids = units.filter(pl.col("relationship_ids").list.len() > 0)
+    by_unit_ids = (
+        claimed.join(with_ids.select("id", "relationship_ids"), on="id", how="inner")
+        .explode("relationship_ids")
+        .join(entity_rels.select("position", "rel_id"), left_on=["position", "relationship_ids"], right_on=["position", "rel_id"], how="inner")
+        .group_by(["id", "position"])
+        .len("supported")
+    )
+    without_ids = claimed.join(units.filter(pl.col("relationship_ids").list.len() == 0).select("id"), on="id", how="inner")
+    by_citation = (
+        without_ids.join(entity_rels, on="position", how="inner")
+        .filter(pl.col("text_unit_ids").list.contains(pl.col("id")))
+        .group_by(["id", "position"])
+        .len("supported")
+    )
+    return pl.concat([by_unit_ids, by_citation]).with_columns(pl.col("supported").cast(pl.Int64))

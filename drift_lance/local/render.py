@@ -1,0 +1,135 @@
+"""Rendering of context sections exactly as graphrag 3.x lays them out, with its budget rules.
+
+Every table section is `-----Name-----\\n` + a delimiter-joined header line + one line per record.
+A record is added while header tokens + the tokens of each record line (counted line by line, the
+way graphrag counts) stay within the budget; the first record that does not fit ends the section.
+Reports are the exception: budgeted the same way but written out as CSV (pandas' `to_csv`), so
+multi-line report text is quoted.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from drift_lance.models.tokens import Tokenizer
+
+__all__ = ["RenderedSection", "TokenCounter", "render_csv_section", "render_table_section"]
+
+
+class TokenCounter:
+    """Token counts with a per-build cache: the relationship and claim sections are re-rendered
+    once per added entity, mostly from the same lines."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._cache: dict[str, int] = {}
+
+    def count(self, text: str) -> int:
+        cached = self._cache.get(text)
+        if cached is None:
+            cached = self._cache[text] = self.tokenizer.count(text)
+        return cached
+
+    def count_joined(self, pieces: Sequence[str]) -> int:
+        """Tokens of "".join(pieces), as if encoded whole. The sum of the pieces' counts is exact
+        when every boundary falls after a newline and before a character that starts a new
+        pre-token on its own (tiktoken's o200k/cl100k split patterns never merge "\\n" with a
+        following letter, digit or punctuation other than "/"): BPE merges never cross pre-tokens."""
+        if all(_clean_boundary(a, b) for a, b in zip(pieces, pieces[1:])):
+            return sum(self.count(piece) for piece in pieces)
+        return self.tokenizer.count("".join(pieces))
+
+
+def _clean_boundary(before: str, after: str) -> bool:
+    return not before or not after or (before.endswith("\n") and not after[0].isspace() and after[0] != "/")
+
+
+@dataclass(slots=True)
+class RenderedSection:
+    text: str  # "" when the section is absent from the context
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)  # the records that made it into the text
+    tokens: int = 0  # tokens of `text` encoded whole
+
+    def records(self) -> pl.DataFrame:
+        schema = {name: pl.String for name in _unique_names(self.header)}
+        return pl.DataFrame(self.rows, schema=schema, orient="row")
+
+
+def _unique_names(header: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    names = []
+    for name in header:
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return names
+
+
+def section_head(name: str, header: Sequence[str], delimiter: str) -> str:
+    return f"-----{name}-----\n" + delimiter.join(header) + "\n"
+
+
+def render_table_section(
+    name: str,
+    header: list[str],
+    rows: Iterable[list[str]],
+    *,
+    budget: int,
+    counter: TokenCounter,
+    delimiter: str,
+) -> RenderedSection:
+    """Header, then rows until the next one would exceed `budget` (graphrag's entity, relationship,
+    covariate and text-unit sections). The header is always written, even with no rows."""
+    head = section_head(name, header, delimiter)
+    used = counter.count(head)
+    pieces = [head]
+    kept: list[list[str]] = []
+    for row in rows:
+        line = delimiter.join(row) + "\n"
+        line_tokens = counter.count(line)
+        if used + line_tokens > budget:
+            break
+        pieces.append(line)
+        kept.append(row)
+        used += line_tokens
+    return RenderedSection("".join(pieces), header, kept, counter.count_joined(pieces))
+
+
+def render_csv_section(
+    name: str,
+    header: list[str],
+    rows: Iterable[list[str]],
+    *,
+    budget: int,
+    counter: TokenCounter,
+    delimiter: str,
+) -> RenderedSection:
+    """graphrag's single-batch community-report section: rows budgeted as delimiter-joined lines,
+    then written as CSV. No row fitting gives an empty section (text "")."""
+    used = counter.count(section_head(name, header, delimiter))
+    kept: list[list[str]] = []
+    for row in rows:
+        line_tokens = counter.count(delimiter.join(row) + "\n")
+        if used + line_tokens > budget:
+            break
+        kept.append(row)
+        used += line_tokens
+    if not kept:
+        return RenderedSection("", header, [])
+    text = f"-----{name}-----\n" + to_csv(header, kept, delimiter)
+    return RenderedSection(text, header, kept)  # tokens unused: nothing budgets against this text
+
+
+def to_csv(header: Sequence[str], rows: Iterable[Sequence[str]], delimiter: str) -> str:
+    """What pandas' DataFrame.to_csv(index=False, sep=delimiter) writes for string columns:
+    minimal quoting, doubled quotes, "\\n" line ends."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, delimiter=delimiter, quotechar='"', quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()

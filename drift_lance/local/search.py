@@ -1,0 +1,152 @@
+"""`local` search: graphrag's LocalSearch (one context, one answer) on the LanceDB context builder.
+
+The system prompt is the local-search prompt with the context tables in `{context_data}` and the
+answer format in `{response_type}`; the user message is the query. Blocking (`search`) and streamed
+(`stream_search`) answers; both honour `llm_timeout` (streams: the wait for each delta).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import string
+import time
+from collections.abc import AsyncIterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drift_lance.config.local import LocalSearchConfig
+from drift_lance.drift.result import SearchResult, to_jsonable
+from drift_lance.errors import ConfigError
+from drift_lance.local.context import LocalContext, LocalContextBuilder
+from drift_lance.models.base import ChatModel, ChatParams, Embedder, Message, ModelError, Usage
+
+__all__ = ["LocalSearch", "load_local_prompt"]
+
+PROMPT_FILE = "local_search_system_prompt.txt"
+_PLACEHOLDERS = frozenset({"context_data", "response_type"})
+
+
+def load_local_prompt(path: str | Path | None = None) -> str:
+    """The bundled prompt, or the file at `path`; ConfigError naming the file when it uses
+    placeholders other than {context_data} / {response_type} or lacks {context_data}."""
+    if path is None:
+        text, where = resources.files("prompts").joinpath(PROMPT_FILE).read_text(encoding="utf-8"), f"bundled prompt {PROMPT_FILE}"
+    else:
+        try:
+            text, where = Path(path).read_text(encoding="utf-8"), f"local search prompt file {path}"
+        except OSError as exc:
+            raise ConfigError(f"local search prompt file {path}: {exc.strerror or exc}") from None
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc} (write literal braces doubled: {{{{ }}}})") from None
+    if unknown := names - _PLACEHOLDERS:
+        raise ConfigError(f"{where}: unknown placeholder(s) {', '.join(sorted(unknown))}; allowed: context_data, response_type")
+    if "context_data" not in names:
+        raise ConfigError(f"{where}: the prompt must contain {{context_data}}")
+    return text
+
+
+class LocalSearch:
+    """Context from `builder`, answer from `model`. Construct once, call concurrently."""
+
+    def __init__(
+        self,
+        model: ChatModel,
+        builder: LocalContextBuilder,
+        *,
+        embedder: Embedder | None = None,
+        config: LocalSearchConfig | None = None,
+        params: ChatParams | None = None,
+    ):
+        self.model = model
+        self.builder = builder
+        self.embedder = embedder
+        self.config = config or builder.config
+        self.params = params
+        self.system_prompt = load_local_prompt(self.config.prompt)
+
+    async def build_context(
+        self, query: str, *, query_vector: np.ndarray | Sequence[float] | None = None, conversation_history: Any = None, **overrides: Any
+    ) -> LocalContext:
+        return await self.builder.build(
+            query,
+            query_vector=query_vector,
+            embedder=self.embedder,
+            conversation_history=conversation_history,
+            **{**self._config_overrides(), **overrides},
+        )
+
+    def _config_overrides(self) -> dict[str, Any]:
+        # The builder already holds its own config; pass ours only when it is a different one.
+        return {} if self.config is self.builder.config else self.config.model_dump()
+
+    def messages(self, query: str, context: LocalContext, response_type: str | None = None) -> list[Message]:
+        prompt = self.system_prompt.format(
+            context_data=context.context_text, response_type=response_type or self.config.response_type
+        )
+        return [Message("system", prompt), Message("user", query)]
+
+    async def search(
+        self,
+        query: str,
+        *,
+        query_vector: np.ndarray | Sequence[float] | None = None,
+        conversation_history: Any = None,
+        response_type: str | None = None,
+        **overrides: Any,
+    ) -> SearchResult:
+        started = time.perf_counter()
+        context = await self.build_context(query, query_vector=query_vector, conversation_history=conversation_history, **overrides)
+        messages = self.messages(query, context, response_type)
+        try:
+            result = await asyncio.wait_for(self.model.complete(messages, params=self.params), self.config.llm_timeout)
+        except TimeoutError:
+            raise ModelError(f"local search answer timed out after {self.config.llm_timeout:g} s (llm_timeout)") from None
+        return _result(result.text, context, result.usage, started)
+
+    async def stream_search(
+        self,
+        query: str,
+        *,
+        query_vector: np.ndarray | Sequence[float] | None = None,
+        conversation_history: Any = None,
+        response_type: str | None = None,
+        **overrides: Any,
+    ) -> AsyncIterator[str]:
+        """Answer text deltas. The context is built before the first delta; closing the iterator
+        early cancels the model call."""
+        context = await self.build_context(query, query_vector=query_vector, conversation_history=conversation_history, **overrides)
+        stream = self.model.stream(self.messages(query, context, response_type), params=self.params)
+        deltas = aiter(stream)
+        try:
+            while True:
+                try:
+                    delta = await asyncio.wait_for(anext(deltas), self.config.llm_timeout)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise ModelError(
+                        f"local search stream sent nothing for {self.config.llm_timeout:g} s (llm_timeout)"
+                    ) from None
+                yield delta
+        finally:
+            await stream.aclose()
+
+
+def _result(text: str, context: LocalContext, usage: Usage, started: float) -> SearchResult:
+    return SearchResult(
+        response=text,
+        context_data=to_jsonable({name: frame for name, frame in context.records.items()}),
+        context_text=context.context_text,
+        completion_time=time.perf_counter() - started,
+        llm_calls=usage.calls or 1,
+        prompt_tokens=usage.prompt_tokens,
+        output_tokens=usage.output_tokens,
+        llm_calls_categories={"build_context": 0, "response": usage.calls or 1},
+        prompt_tokens_categories={"build_context": 0, "response": usage.prompt_tokens},
+        output_tokens_categories={"build_context": 0, "response": usage.output_tokens},
+    )

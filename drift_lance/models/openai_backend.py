@@ -1,0 +1,508 @@
+"""OpenAI-compatible chat and embeddings (OpenAI, Azure OpenAI, vLLM, llama.cpp server, Ollama, ...).
+
+Call policy, all ours (the SDK's own retries are off so there is exactly one policy):
+- retries with exponential backoff and full jitter on 429, 408/409, 5xx, timeouts and connection
+  errors, honouring Retry-After / retry-after-ms (capped at retry_max_wait);
+- a total per-request timeout (request_timeout) on top of the SDK's per-read timeout;
+- one concurrency limiter per (endpoint, model), shared by everything in the process; a slot is
+  held only while a request is on the wire, not while backing off;
+- structured output: json_schema (strict) -> json_object with the schema (llama.cpp's server
+  accepts that and constrains generation with it) -> json_object -> prompt-only, then tolerant
+  JSON repair and pydantic validation. The step a server accepted is remembered per (endpoint,
+  model), so later calls skip steps that failed;
+- usage from the response, else counted locally with the model's tiktoken encoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import logging
+import random
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import openai
+from pydantic import BaseModel
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_base
+
+from drift_lance.config.models import ModelSettings
+from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, Message, ModelError, Usage
+from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
+from drift_lance.models.structured import parse_structured, response_format_for, schema_instruction
+from drift_lance.models.tokens import tokenizer_for_model
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+OPENAI_DEFAULT_ENDPOINT = "https://api.openai.com/v1"
+_NO_KEY = "sk-no-key-required"  # the SDK insists on a key; local servers ignore it
+_RETRYABLE_STATUS = {408, 409, 429}
+_MODE_UNSUPPORTED_STATUS = {400, 422}
+_KNOWN_EMBEDDING_DIMS = {
+    "text-embedding-3-large": 3072,
+    "text-embedding-3-small": 1536,
+    "text-embedding-ada-002": 1536,
+}
+
+# Structured-output steps, most to least constrained; each is (name, response_format kind).
+_STEPS = ("json_schema", "json_object_schema", "json_object", "prompt")
+_STEPS_FOR_MODE = {
+    "auto": _STEPS,
+    "json_schema": ("json_schema",),
+    "json_object": ("json_object_schema", "json_object"),
+    "prompt": ("prompt",),
+}
+# (endpoint, model) -> first structured step that worked / whether stream_options is rejected
+_structured_step: dict[tuple[str, str], str] = {}
+_no_stream_options: set[tuple[str, str]] = set()
+_memory_lock = threading.Lock()
+
+
+class ModelRequestError(ModelError):
+    """An HTTP call to the model endpoint failed for good. `status` is the HTTP status (None for
+    timeouts and connection errors); `attempts` how many requests were made."""
+
+    def __init__(self, message: str, *, status: int | None = None, attempts: int = 1):
+        super().__init__(message)
+        self.status = status
+        self.attempts = attempts
+
+
+# ---------------------------------------------------------------- retry policy
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
+        return True  # a garbled body (proxy hiccup, truncated response): worth another try
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in _RETRYABLE_STATUS or exc.status_code >= 500
+    return False
+
+
+def retry_after_seconds(exc: BaseException) -> float | None:
+    """Seconds the server asked us to wait (retry-after-ms, retry-after seconds or HTTP date)."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if not headers:
+        return None
+    try:
+        if (ms := headers.get("retry-after-ms")) is not None:
+            return max(float(ms) / 1000.0, 0.0)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(when.timestamp() - time.time(), 0.0)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+class _BackoffWait(wait_base):
+    """Retry-After when the server sent one, else exponential backoff with full jitter."""
+
+    def __init__(self, base: float, cap: float):
+        self.base = base
+        self.cap = cap
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        hinted = retry_after_seconds(exc) if exc is not None else None
+        if hinted is not None:
+            # honour the hint; a little jitter spreads out callers told the same instant
+            return min(hinted, self.cap) + random.uniform(0, min(0.1 * hinted, 1.0))
+        exp = self.base * (2 ** (retry_state.attempt_number - 1))
+        return random.uniform(0, min(exp, self.cap))
+
+
+def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None]:
+    if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
+        return f"request timed out after {timeout:g}s", None
+    if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
+        return f"malformed response body: {exc}", None
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}: {_error_message(exc)}", exc.status_code
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return f"connection failed: {cause}", None
+    return f"{type(exc).__name__}: {exc}", None
+
+
+def _error_message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return str(exc.message)
+
+
+# ---------------------------------------------------------------- shared plumbing
+
+
+class _Endpoint:
+    """One OpenAI-compatible endpoint + model: client per event loop, limiter, retry policy."""
+
+    def __init__(self, settings: ModelSettings, *, model: str, embeddings: bool):
+        self.settings = settings
+        self.model = model
+        self.azure = (settings.embedding_backend if embeddings else settings.chat_backend) == "azure"
+        base_url = (settings.embedding_base_url or settings.base_url) if embeddings else settings.base_url
+        self.base_url = base_url
+        api_key = (settings.embedding_api_key or settings.api_key) if embeddings else settings.api_key
+        self._api_key = api_key.get_secret_value() if api_key else None
+        self.endpoint = (settings.azure_endpoint if self.azure else base_url) or OPENAI_DEFAULT_ENDPOINT
+        self.limiter: ConcurrencyLimiter = shared_limiter(self.endpoint, model, settings.max_concurrency)
+        # httpx connection pools belong to the loop that opened them: one client per loop.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.endpoint, self.model)
+
+    def client(self) -> openai.AsyncOpenAI:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = self._make_client()
+        return client
+
+    def _make_client(self) -> openai.AsyncOpenAI:
+        s = self.settings
+        common: dict[str, Any] = {"timeout": s.request_timeout, "max_retries": 0}
+        if self.azure:
+            if not s.azure_endpoint or not s.api_version:
+                from drift_lance.errors import ConfigError
+
+                raise ConfigError("azure backend needs azure_endpoint and api_version (or OPENAI_API_VERSION)")
+            return openai.AsyncAzureOpenAI(
+                azure_endpoint=s.azure_endpoint,
+                api_version=s.api_version,
+                api_key=self._api_key,
+                **common,
+            )
+        api_key = self._api_key or (_NO_KEY if self.base_url else None)
+        return openai.AsyncOpenAI(api_key=api_key, base_url=self.base_url, organization=s.organization, **common)
+
+    async def aclose(self) -> None:
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
+    async def call(
+        self, what: str, request: Callable[[openai.AsyncOpenAI], Awaitable[T]], *, hold_slot: bool = True
+    ) -> T:
+        """Run `request` under the limiter and the retry policy; ModelRequestError when it fails for
+        good. With hold_slot=False the caller already holds a limiter slot."""
+        s = self.settings
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(s.max_retries + 1),
+            wait=_BackoffWait(s.retry_base_wait, s.retry_max_wait),
+            retry=retry_if_exception(_is_retryable),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        client = self.client()
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    async with self.limiter.slot() if hold_slot else contextlib.nullcontext():
+                        async with asyncio.timeout(s.request_timeout):
+                            return await request(client)
+        except (openai.APIError, TimeoutError, json.JSONDecodeError) as exc:
+            attempts = retrying.statistics.get("attempt_number", 1)
+            reason, status = _describe(exc, s.request_timeout)
+            tries = f" after {attempts} attempts" if attempts > 1 else ""
+            raise ModelRequestError(
+                f"{what} {self.model!r} at {self.endpoint} failed{tries}: {reason}", status=status, attempts=attempts
+            ) from exc
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        reason = _describe(exc, self.settings.request_timeout)[0] if exc else "?"
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning("%s at %s: %s; retry %d in %.2fs", self.model, self.endpoint, reason, state.attempt_number, wait)
+
+
+# ---------------------------------------------------------------- chat
+
+
+class OpenAIChatModel:
+    """ChatModel over any OpenAI-compatible /chat/completions endpoint (or Azure OpenAI)."""
+
+    def __init__(self, settings: ModelSettings):
+        settings = settings.resolve()
+        model = (settings.deployment if settings.chat_backend == "azure" else None) or settings.chat_model
+        if not model:
+            from drift_lance.errors import ConfigError
+
+            raise ConfigError("chat_model: no chat model configured for the openai backend")
+        self.model_id = model
+        self.settings = settings
+        self._endpoint = _Endpoint(settings, model=model, embeddings=False)
+        self._tokenizer = tokenizer_for_model(model)
+
+    @property
+    def limiter(self) -> ConcurrencyLimiter:
+        return self._endpoint.limiter
+
+    async def aclose(self) -> None:
+        await self._endpoint.aclose()
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        params: ChatParams | None = None,
+        response_model: type[BaseModel] | None = None,
+    ) -> ChatResult:
+        payload = [m.as_dict() for m in messages]
+        kwargs = _params_kwargs(params)
+        if response_model is None:
+            response = await self._create(payload, kwargs)
+            return self._result(payload, response)
+        return await self._complete_structured(payload, kwargs, response_model)
+
+    def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> OpenAIChatStream:
+        return OpenAIChatStream(self, [m.as_dict() for m in messages], _params_kwargs(params))
+
+    # -- structured output
+
+    def _steps(self) -> tuple[str, ...]:
+        steps = _STEPS_FOR_MODE[self.settings.structured_output]
+        remembered = _structured_step.get(self._endpoint.key)
+        if remembered in steps:
+            return steps[steps.index(remembered) :]
+        return steps
+
+    async def _complete_structured(
+        self, payload: list[dict], kwargs: dict[str, Any], response_model: type[BaseModel]
+    ) -> ChatResult:
+        steps = self._steps()
+        for i, step in enumerate(steps):
+            request_kwargs = dict(kwargs)
+            messages = payload
+            if step != "json_schema":
+                messages = _with_instruction(payload, schema_instruction(response_model))
+            response_format = _response_format(step, response_model)
+            if response_format is not None:
+                request_kwargs["response_format"] = response_format
+            try:
+                response = await self._create(messages, request_kwargs)
+            except ModelRequestError as exc:
+                if exc.status in _MODE_UNSUPPORTED_STATUS and i + 1 < len(steps):
+                    log.info("%s at %s rejected %s (%s); trying %s", self.model_id, self._endpoint.endpoint,
+                             step, exc, steps[i + 1])
+                    continue
+                raise
+            with _memory_lock:
+                _structured_step[self._endpoint.key] = step
+            result = self._result(messages, response)
+            result.parsed = parse_structured(result.text, response_model, usage=result.usage)
+            return result
+        raise AssertionError("unreachable: the last step either returns or raises")
+
+    # -- plumbing
+
+    async def _create(self, messages: list[dict], kwargs: dict[str, Any]) -> Any:
+        async def request(client: openai.AsyncOpenAI) -> Any:
+            return await client.chat.completions.create(model=self.model_id, messages=messages, **kwargs)
+
+        return await self._endpoint.call("chat model", request)
+
+    def _result(self, messages: list[dict], response: Any) -> ChatResult:
+        choice = response.choices[0] if response.choices else None
+        text = (choice.message.content or "") if choice is not None else ""
+        usage = _usage_from(response) or self._count(messages, text)
+        raw = response.model_dump() if hasattr(response, "model_dump") else {}
+        return ChatResult(text=text, usage=usage, model=getattr(response, "model", "") or self.model_id, raw=raw)
+
+    def _count(self, messages: list[dict], text: str) -> Usage:
+        prompt = sum(self._tokenizer.count(m["content"]) for m in messages)
+        return Usage(prompt, self._tokenizer.count(text), 1, counted=True)
+
+
+def _params_kwargs(params: ChatParams | None) -> dict[str, Any]:
+    if params is None:
+        return {}
+    fields = {"temperature", "top_p", "max_tokens", "n", "seed"}
+    return {name: getattr(params, name) for name in fields if getattr(params, name) is not None}
+
+
+def _response_format(step: str, response_model: type[BaseModel]) -> dict[str, Any] | None:
+    if step == "json_schema":
+        return response_format_for("json_schema", response_model)
+    if step == "json_object_schema":
+        return response_format_for("json_object", response_model)
+    if step == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
+def _with_instruction(payload: list[dict], instruction: str) -> list[dict]:
+    """Add the JSON instruction to the (first) system message, creating one if needed: several chat
+    templates accept only a single, leading system message."""
+    if payload and payload[0]["role"] == "system":
+        first = dict(payload[0])
+        first["content"] = f"{first['content']}\n\n{instruction}"
+        return [first, *payload[1:]]
+    return [{"role": "system", "content": instruction}, *payload]
+
+
+def _usage_from(response: Any) -> Usage | None:
+    usage = getattr(response, "usage", None)
+    if usage is None or getattr(usage, "prompt_tokens", None) is None:
+        return None
+    return Usage(int(usage.prompt_tokens or 0), int(getattr(usage, "completion_tokens", 0) or 0), 1)
+
+
+class OpenAIChatStream:
+    """Text deltas of one streamed completion. Holds a concurrency slot while open; `aclose()`
+    closes the HTTP response (the server sees the disconnect)."""
+
+    def __init__(self, model: OpenAIChatModel, messages: list[dict], kwargs: dict[str, Any]):
+        self._model = model
+        self._messages = messages
+        self._kwargs = kwargs
+        self.usage = Usage()
+        self._gen: AsyncIterator[str] | None = None
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        if self._gen is None:
+            self._gen = self._run()
+        return self._gen
+
+    async def aclose(self) -> None:
+        if self._gen is not None:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+
+    async def _open(self) -> Any:
+        model = self._model
+        endpoint = model._endpoint
+        with_usage = endpoint.key not in _no_stream_options
+
+        async def request(client: openai.AsyncOpenAI) -> Any:
+            extra = {"stream_options": {"include_usage": True}} if with_usage else {}
+            return await client.chat.completions.create(
+                model=model.model_id, messages=self._messages, stream=True, **self._kwargs, **extra
+            )
+
+        try:
+            return await endpoint.call("chat model", request, hold_slot=False)
+        except ModelRequestError as exc:
+            if not (with_usage and exc.status in _MODE_UNSUPPORTED_STATUS):
+                raise
+            log.info("%s at %s rejected stream_options; streaming without", model.model_id, endpoint.endpoint)
+            with _memory_lock:
+                _no_stream_options.add(endpoint.key)
+            return await self._open()
+
+    async def _run(self) -> AsyncIterator[str]:
+        model = self._model
+        parts: list[str] = []
+        reported: Usage | None = None
+        # The slot is held for the whole stream: the server is busy until the last chunk.
+        async with model.limiter.slot():
+            sdk_stream = await self._open()
+            try:
+                async for chunk in sdk_stream:
+                    if getattr(chunk, "usage", None) is not None:
+                        reported = _usage_from(chunk)
+                    for choice in chunk.choices or ():
+                        delta = choice.delta.content if choice.delta else None
+                        if delta:
+                            parts.append(delta)
+                            yield delta
+            except openai.APIError as exc:
+                reason, status = _describe(exc, model.settings.request_timeout)
+                raise ModelRequestError(
+                    f"chat model {model.model_id!r} stream failed: {reason}", status=status
+                ) from exc
+            finally:
+                await sdk_stream.close()
+        self.usage = reported or model._count(self._messages, "".join(parts))
+
+
+# ---------------------------------------------------------------- embeddings
+
+
+class OpenAIEmbedder:
+    """Embedder over an OpenAI-compatible /embeddings endpoint. Batches run concurrently under the
+    shared limiter; rows come back in input order, L2-normalised float32."""
+
+    def __init__(self, settings: ModelSettings):
+        settings = settings.resolve()
+        model = (settings.embedding_deployment if settings.embedding_backend == "azure" else None) or (
+            settings.embedding_model
+        )
+        if not model:
+            from drift_lance.errors import ConfigError
+
+            raise ConfigError("embedding_model: no embedding model configured for the openai backend")
+        self.model_id = settings.embedding_model or model
+        self._request_model = model
+        self.settings = settings
+        self.batch_size = settings.embedding_batch_size
+        self._endpoint = _Endpoint(settings, model=model, embeddings=True)
+        # 0 = not known until the first response (an unlisted model on a custom server)
+        self.dimension = settings.embedding_dimension or _KNOWN_EMBEDDING_DIMS.get(model.rsplit("/", 1)[-1], 0)
+
+    async def aclose(self) -> None:
+        await self._endpoint.aclose()
+
+    async def embed(self, texts: Sequence[str], *, kind: EmbedKind = "document") -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        batches = [texts[i : i + self.batch_size] for i in range(0, len(texts), self.batch_size)]
+        async with asyncio.TaskGroup() as group:  # one failure cancels the other batches
+            tasks = [group.create_task(self._embed_batch(batch)) for batch in batches]
+        matrix = np.concatenate([t.result() for t in tasks], axis=0)
+        if self.dimension and matrix.shape[1] != self.dimension:
+            raise ModelError(
+                f"embedding model {self.model_id!r} at {self._endpoint.endpoint} returned "
+                f"{matrix.shape[1]}-d vectors, expected {self.dimension}"
+            )
+        self.dimension = matrix.shape[1]
+        return _l2_normalise(matrix)
+
+    async def _embed_batch(self, batch: list[str]) -> np.ndarray:
+        extra: dict[str, Any] = {"encoding_format": "float"}
+        if self.settings.embedding_dimension:
+            extra["dimensions"] = self.settings.embedding_dimension
+        # Several servers reject empty strings; a space embeds as "nothing" just as well.
+        inputs = [t if t.strip() else " " for t in batch]
+
+        async def request(client: openai.AsyncOpenAI) -> Any:
+            return await client.embeddings.create(model=self._request_model, input=inputs, **extra)
+
+        response = await self._endpoint.call("embedding model", request)
+        rows = sorted(response.data, key=lambda d: d.index)
+        if len(rows) != len(batch):
+            raise ModelError(
+                f"embedding model {self.model_id!r} returned {len(rows)} vectors for {len(batch)} inputs"
+            )
+        return np.asarray([r.embedding for r in rows], dtype=np.float32)
+
+
+def _l2_normalise(matrix: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return (matrix / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)

@@ -1,0 +1,299 @@
+"""The FastAPI app: search (blocking and SSE), index manifest, health, readiness.
+
+Auth: when `service.api_key` (or DRIFT_LANCE_API_KEY) is set, every route except /healthz and
+/readyz — including /openapi.json — needs `Authorization: Bearer <key>`. Probes stay open because
+load balancers and orchestrators call them without credentials; they reveal nothing about the index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Security
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from drift_lance import __version__
+from drift_lance.config.settings import Settings
+from drift_lance.drift.result import SearchResult
+from drift_lance.errors import ConfigError, USER_ERRORS
+from drift_lance.models.base import ModelError
+from drift_lance.service.backend import Method, SearchBackend
+from drift_lance.service.errors import ApiError, error_responses, install_error_handlers
+from drift_lance.service.limits import BodySizeLimit, SearchSlots, resolve_search_config
+from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
+
+log = logging.getLogger("drift_lance.service")
+
+OPEN_PATHS = ("/healthz", "/readyz")
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(..., min_length=1, description="The question. Length is capped by the server.")
+    method: Literal["drift", "local"] = Field("drift", description="Search method.")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Per-request overrides of numeric/boolean fields of the method's config "
+        "(DRIFTSearchConfig for drift, LocalSearchConfig for local), within the server's caps.",
+    )
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    version: str = __version__
+
+
+class ReadyStatus(BaseModel):
+    status: Literal["ready", "starting", "failed"]
+    store: bool
+    models: bool
+    detail: str = ""
+
+
+class _ServiceState:
+    """Per-app runtime state: the backend, its startup task and the search slots."""
+
+    def __init__(self, settings: Settings, backend: SearchBackend):
+        self.settings = settings
+        self.backend = backend
+        cfg = settings.service
+        self.slots = SearchSlots(cfg.max_concurrent_searches, cfg.retry_after_seconds)
+        self.startup: asyncio.Task | None = None
+        self.startup_error: str = ""
+
+    def ready_status(self) -> ReadyStatus:
+        if self.startup_error:
+            return ReadyStatus(status="failed", store=False, models=False, detail=self.startup_error)
+        r = self.backend.readiness()
+        return ReadyStatus(status="ready" if r.ready else "starting", store=r.store, models=r.models, detail=r.detail)
+
+    def require_ready(self) -> None:
+        status = self.ready_status()
+        if status.status != "ready":
+            detail = f": {status.detail}" if status.detail else ""
+            raise ApiError(
+                503, "not_ready", f"service is {status.status}{detail}",
+                headers={"Retry-After": str(self.settings.service.retry_after_seconds)},
+            )
+
+
+def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> FastAPI:
+    """The HTTP app for `settings`. Without `backend`, the real engine on `settings.db` is used."""
+    if backend is None:
+        from drift_lance.service.engine import EngineBackend
+
+        backend = EngineBackend(settings)
+    state = _ServiceState(settings, backend)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        state.startup = asyncio.create_task(_start_backend(state))
+        try:
+            yield
+        finally:
+            # uvicorn has already waited up to its graceful-shutdown timeout for open requests.
+            state.startup.cancel()
+            await state.slots.cancel_all()
+            await asyncio.gather(state.startup, return_exceptions=True)
+            await backend.close()
+
+    app = FastAPI(
+        title="drift-lance",
+        version=__version__,
+        description="GraphRAG DRIFT and local search over a LanceDB index.",
+        lifespan=lifespan,
+        openapi_url=None,  # served below, behind the API key when one is set
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.service = state
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.service.max_body_bytes)
+
+    auth = _auth_dependency(settings)
+    app.include_router(_probe_routes(state))
+    app.include_router(_api_routes(state), dependencies=[Depends(auth)])
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(auth)])
+    async def openapi_schema() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    return app
+
+
+async def _start_backend(state: _ServiceState) -> None:
+    try:
+        await state.backend.start()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported by /readyz, the server keeps running
+        state.startup_error = " ".join(f"{type(exc).__name__}: {exc}".split())
+        log.error("search backend failed to start: %s", state.startup_error)
+
+
+_bearer = HTTPBearer(auto_error=False, description="API key, when the server has one configured")
+
+
+def _auth_dependency(settings: Settings):
+    key = settings.service.api_key.get_secret_value().encode() if settings.service.api_key else None
+
+    async def require_api_key(credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
+        if key is None:
+            return
+        given = credentials.credentials.encode() if credentials else b""
+        if not hmac.compare_digest(given, key):
+            raise ApiError(
+                401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return require_api_key
+
+
+def _probe_routes(state: _ServiceState) -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+    async def healthz() -> Health:
+        return Health()
+
+    @router.get(
+        "/readyz",
+        response_model=ReadyStatus,
+        summary="Readiness: store opened and models loaded",
+        responses={503: {"model": ReadyStatus, "description": "Still starting, or startup failed"}},
+    )
+    async def readyz() -> JSONResponse:
+        status = state.ready_status()
+        return JSONResponse(status.model_dump(), status_code=200 if status.status == "ready" else 503)
+
+    return router
+
+
+def _api_routes(state: _ServiceState) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["search"])
+    cfg = state.settings.service
+
+    @router.get("/index", summary="Manifest of the served index", responses=error_responses(401, 503))
+    async def index() -> JSONResponse:
+        state.require_ready()
+        return JSONResponse(state.backend.manifest().model_dump(mode="json"))
+
+    @router.post(
+        "/search",
+        response_model=SearchResult,
+        summary="Run a search and return the full result",
+        responses=error_responses(400, 401, 413, 422, 429, 502, 503, 504),
+    )
+    async def search(body: SearchRequest, request: Request) -> Response:
+        method, config = _validated(state, body)
+        state.slots.acquire()
+        try:
+            task = asyncio.create_task(state.backend.search(body.query, method, config))
+            state.slots.track(task)
+            result = await _await_unless_disconnected(task, request, cfg.search_timeout_seconds)
+        except ApiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a JSON error
+            raise _map_search_error(exc) from exc
+        finally:
+            state.slots.release()
+        return JSONResponse(result.model_dump(mode="json"))
+
+    @router.post(
+        "/search/stream",
+        summary="Run a search, streaming progress as Server-Sent Events",
+        description="Events, in order: `primer` (DRIFT primer done), `action` (one per completed "
+        "follow-up action), `token` (answer tokens), then `done` (per-stage LLM calls and tokens, "
+        "equal to the blocking result's) or `error` ({\"error\": {code, message}}).",
+        responses={
+            200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}, "description": "SSE stream"},
+            **error_responses(401, 413, 422, 429, 503),
+        },
+        response_class=Response,
+    )
+    async def search_stream(body: SearchRequest) -> Response:
+        method, config = _validated(state, body)
+        state.slots.acquire()
+        stream = SearchEventStream(
+            lambda sink: state.backend.search(body.query, method, config, sink),
+            timeout=cfg.search_timeout_seconds,
+            keepalive=cfg.sse_keepalive_seconds,
+            map_error=_map_search_error,
+            on_finish=state.slots.release,
+            track=state.slots.track,
+        )
+        return _AsgiResponse(stream)
+
+    return router
+
+
+class _AsgiResponse(Response):
+    """Lets a route return a raw ASGI app (the SSE stream) as its response."""
+
+    def __init__(self, app: SearchEventStream):
+        super().__init__(media_type=app.media_type)
+        self._app = app
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
+        await self._app(scope, receive, send)
+
+
+def _validated(state: _ServiceState, body: SearchRequest) -> tuple[Method, Any]:
+    cfg = state.settings.service
+    if not body.query.strip():
+        raise ApiError(422, "invalid_request", "query: must not be blank", field="query")
+    try:
+        body.query.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates from a \ud800-style JSON escape
+        raise ApiError(422, "invalid_request", "query: not valid Unicode text", field="query") from None
+    if len(body.query) > cfg.max_query_chars:
+        raise ApiError(
+            422, "over_limit",
+            f"query: {len(body.query)} characters exceeds this server's cap of {cfg.max_query_chars}",
+            field="query",
+        )
+    state.require_ready()
+    config = resolve_search_config(state.backend.base_config(body.method), body.config, cfg.caps)
+    return body.method, config
+
+
+async def _await_unless_disconnected(task: asyncio.Task, request: Request, timeout: float) -> Any:
+    """The task's result; cancels it if the client disconnects or the timeout passes."""
+    gone = asyncio.create_task(wait_for_disconnect(request.receive))
+    try:
+        done, _ = await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        if gone in done:
+            log.info("client disconnected; cancelling its search")
+            raise ApiError(499, "client_closed", "client closed the connection")
+        raise ApiError(504, "timeout", f"search exceeded {timeout:g}s")
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+
+
+def _map_search_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ConfigError):
+        return ApiError(422, "invalid_config", message)
+    if isinstance(exc, USER_ERRORS):
+        return ApiError(400, "bad_index", message)
+    if isinstance(exc, ModelError):
+        return ApiError(502, "model_error", message)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return ApiError(504, "timeout", message)
+    log.error("search failed", exc_info=exc)
+    return ApiError(500, "internal", f"search failed: {type(exc).__name__}")

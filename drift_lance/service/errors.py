@@ -1,0 +1,109 @@
+"""One JSON error shape for every non-2xx answer: `{"error": {"code", "message", "field"}}`."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("drift_lance.service")
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """Raised by handlers; rendered as ErrorResponse with `status`."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        message, field = _utf8_safe(message), _utf8_safe(field) if field is not None else None
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.headers = headers or {}
+
+    def payload(self) -> dict:
+        return ErrorResponse(error=ErrorDetail(code=self.code, message=self.message, field=self.field)).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.payload(), status_code=self.status, headers=self.headers)
+
+
+def _utf8_safe(text: str) -> str:
+    """Error text echoes client input (field names); lone surrogates in it would make the JSON
+    response itself fail to encode."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# Shared OpenAPI `responses=` entries, so the schema documents every error a route can give.
+def error_responses(*statuses: int) -> dict[int | str, dict]:
+    descriptions = {
+        400: "The index or request cannot be used",
+        401: "Missing or wrong API key",
+        413: "Request body too large",
+        422: "Invalid request: bad field, unknown config field, or a value over the server's cap",
+        429: "Too many concurrent searches; retry after the Retry-After header",
+        502: "The language model failed",
+        503: "Store or models not ready yet",
+        504: "The search exceeded the server's time limit",
+    }
+    return {s: {"model": ErrorResponse, "description": descriptions[s]} for s in statuses}
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 401: "unauthorized"}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc.errors()).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        err = ApiError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
+        return err.response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in request")
+        return ApiError(500, "internal", f"internal error: {type(exc).__name__}").response()
+
+
+def validation_error(errors: list[dict] | tuple[dict, ...], *, prefix: str = "") -> ApiError:
+    """A 422 for the first pydantic error, naming its field as a dotted path (without `body.`)."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "value_error"}
+    loc = [str(p) for p in first.get("loc", ())]
+    if loc and loc[0] == "body":
+        loc = loc[1:]
+    if first.get("type") == "json_invalid":
+        return ApiError(422, "invalid_json", f"request body is not valid JSON: {first.get('msg')}")
+    field = ".".join([prefix, *loc] if prefix else loc) or None
+    code = "unknown_field" if first.get("type") == "extra_forbidden" else "invalid_request"
+    message = "unknown field" if code == "unknown_field" else str(first.get("msg", "invalid value"))
+    return ApiError(422, code, f"{field}: {message}" if field else message, field=field)

@@ -1,0 +1,131 @@
+"""Server-Sent Events for one search: progress events, then a final `done` (or `error`) event.
+
+A plain ASGI response (not StreamingResponse) so that every exit path — normal end, error, timeout,
+client disconnect, server shutdown — runs the same `finally`: cancel the search, release its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from drift_lance.drift.result import SearchResult
+from drift_lance.service.backend import EventSink, SearchEvent, result_counts
+from drift_lance.service.errors import ApiError
+
+log = logging.getLogger("drift_lance.service")
+
+SearchRunner = Callable[[EventSink], Awaitable[SearchResult]]
+ErrorMapper = Callable[[BaseException], ApiError]
+
+
+def format_event(event: str, data: Any, event_id: int) -> bytes:
+    """One SSE frame. JSON data is a single line, so one `data:` field suffices."""
+    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return f"id: {event_id}\nevent: {event}\ndata: {payload}\n\n".encode()
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return once the client has gone away (request body already consumed)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class SearchEventStream:
+    """ASGI app streaming one search as `text/event-stream`."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        run: SearchRunner,
+        *,
+        timeout: float,
+        keepalive: float,
+        map_error: ErrorMapper,
+        on_finish: Callable[[], None],
+        track: Callable[[asyncio.Task], None],
+    ):
+        self._run = run
+        self._timeout = timeout
+        self._keepalive = keepalive
+        self._map_error = map_error
+        self._on_finish = on_finish
+        self._track = track
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        queue: asyncio.Queue[SearchEvent] = asyncio.Queue()
+        search = asyncio.create_task(self._run(queue.put_nowait))
+        self._track(search)
+        gone = asyncio.create_task(wait_for_disconnect(receive))
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+                    ],
+                }
+            )
+            await self._pump(queue, search, gone, send)
+        except OSError:
+            pass  # the client went away mid-write; the finally cancels the search
+        finally:
+            gone.cancel()
+            if not search.done():
+                search.cancel()
+            await asyncio.gather(search, gone, return_exceptions=True)
+            self._on_finish()
+
+    async def _pump(self, queue: asyncio.Queue[SearchEvent], search: asyncio.Task, gone: asyncio.Task, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        event_id = 0
+
+        async def emit(name: str, data: Any) -> None:
+            nonlocal event_id
+            event_id += 1
+            await send({"type": "http.response.body", "body": format_event(name, data, event_id), "more_body": True})
+
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            wait_for = min(self._keepalive, max(0.0, deadline - loop.time()))
+            done, _ = await asyncio.wait({getter, search, gone}, timeout=wait_for, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                event = getter.result()
+                await emit(event.event, event.data)
+                continue
+            getter.cancel()
+            if gone in done:
+                log.info("client disconnected; cancelling its search")
+                return
+            if search in done:
+                break
+            if loop.time() >= deadline:
+                err = ApiError(504, "timeout", f"search exceeded {self._timeout:g}s")
+                await emit("error", err.payload())
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
+
+        # The search finished: flush the events it queued, then the final event.
+        while not queue.empty():
+            event = queue.get_nowait()
+            await emit(event.event, event.data)
+        if search.cancelled():  # e.g. the server is shutting down past its grace period
+            await emit("error", ApiError(503, "cancelled", "search cancelled: server shutting down").payload())
+        elif (exc := search.exception()) is None:
+            await emit("done", result_counts(search.result()))
+        else:
+            await emit("error", self._map_error(exc).payload())
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,244 @@
+"""Write validated tables to LanceDB and switch to them atomically.
+
+Every table is written with mode="overwrite", which makes a new LanceDB table version; readers pin
+the versions named by the newest manifest, so they keep seeing the previous data. Only after every
+table and index is written does one row get appended to the manifest table: that append is the
+switch. Nothing here renames folders, so the same protocol works on object storage.
+
+On an exception the touched tables are restored to the versions the previous manifest pins (best
+effort); after a kill -9 nothing needs restoring, because no manifest points at the new versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import lancedb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+import drift_lance
+from drift_lance import schema
+from drift_lance._lance_store import _table_names, read_manifests
+from drift_lance.config.ingest import IngestConfig, VectorIndexConfig
+from drift_lance.errors import StoreError
+from drift_lance.store import Manifest, TableInfo, VectorColumnInfo
+from ingest.embeddings import TableVectors
+
+log = logging.getLogger(__name__)
+
+# Test hook for the interrupted-ingest test: seconds to sleep after each table is written.
+PAUSE_ENV = "DRIFT_LANCE_INGEST_PAUSE_AFTER_TABLE"
+
+
+@dataclass(slots=True)
+class PreparedTable:
+    name: str
+    frame: pl.DataFrame  # exactly schema.COLUMNS[name]
+    vectors: TableVectors | None = None
+
+
+@dataclass(slots=True)
+class WriteTimings:
+    write_s: float = 0.0
+    index_s: float = 0.0
+    cleanup_s: float = 0.0
+    index_s_by_table: dict[str, float] = field(default_factory=dict)
+
+
+def to_arrow(table: PreparedTable) -> pa.Table:
+    """The table in its exact LanceDB schema (vector column appended as fixed_size_list<float32>)."""
+    arrow = table.frame.to_arrow()
+    columns = [arrow.column(name).cast(typ) for name, typ in schema.COLUMNS[table.name]]
+    if table.name in schema.VECTOR_TABLES:
+        assert table.vectors is not None, f"table {table.name} needs vectors"
+        matrix = np.ascontiguousarray(table.vectors.matrix, dtype=np.float32)
+        columns.append(pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1]))
+        return pa.Table.from_arrays(columns, schema=schema.table_schema(table.name, matrix.shape[1]))
+    return pa.Table.from_arrays(columns, schema=schema.table_schema(table.name))
+
+
+def _vector_index(config: VectorIndexConfig, rows: int, dim: int) -> Any:
+    from lancedb.index import HnswSq, IvfFlat, IvfPq
+
+    if config.type == "IVF_HNSW_SQ":
+        return HnswSq(
+            distance_type=config.distance_type,
+            num_partitions=config.num_partitions,
+            m=config.m,
+            ef_construction=config.ef_construction,
+        )
+    if config.type == "IVF_PQ":
+        sub = config.num_sub_vectors or max(1, dim // 16)
+        return IvfPq(distance_type=config.distance_type, num_partitions=config.num_partitions, num_sub_vectors=sub)
+    return IvfFlat(distance_type=config.distance_type, num_partitions=config.num_partitions)
+
+
+class IndexWriter:
+    """One ingest's write phase into the database at `uri`."""
+
+    def __init__(self, uri: str, config: IngestConfig, storage_options: dict[str, str] | None, progress: bool) -> None:
+        self.uri = uri
+        self.config = config
+        self.storage_options = storage_options
+        self.progress = progress
+        self.timings = WriteTimings()
+        self._db: Any = None
+        self._previous: Manifest | None = None
+        self._touched: list[str] = []
+
+    async def open(self) -> Manifest | None:
+        try:
+            self._db = await lancedb.connect_async(self.uri, storage_options=self.storage_options)
+            manifests = await read_manifests(self._db, self.uri)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - connection errors differ per backend
+            raise StoreError(f"{self.uri}: cannot open LanceDB database: {exc}") from exc
+        self._previous = manifests[-1] if manifests else None
+        return self._previous
+
+    async def write(
+        self,
+        tables: list[PreparedTable],
+        *,
+        source_path: str,
+        layout: str,
+        options: dict[str, Any],
+    ) -> Manifest:
+        """Write all tables, build indexes, append the manifest; roll back on any failure."""
+        try:
+            infos: dict[str, TableInfo] = {}
+            for table in tables:
+                infos[table.name] = await self._write_table(table)
+                self._pause_hook(table.name)
+            manifest = Manifest(
+                generation=(self._previous.generation + 1) if self._previous else 1,
+                source_path=source_path,
+                layout=layout,
+                tables=infos,
+                vectors={
+                    t.name: VectorColumnInfo(
+                        table=t.name, dimension=int(t.vectors.matrix.shape[1]), model=t.vectors.model, source=t.vectors.source
+                    )
+                    for t in tables
+                    if t.vectors is not None
+                },
+                ingested_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                drift_lance_version=drift_lance.__version__,
+                options=options,
+            )
+            await self._append_manifest(manifest)
+        except BaseException:
+            await self._rollback()
+            raise
+        if self.config.cleanup_old_versions:
+            start = time.perf_counter()
+            await self._cleanup(manifest)
+            self.timings.cleanup_s = time.perf_counter() - start
+        return manifest
+
+    def _pause_hook(self, name: str) -> None:
+        pause = os.environ.get(PAUSE_ENV)
+        if pause:
+            print(f"drift-lance ingest: wrote table {name}", file=sys.stderr, flush=True)
+            time.sleep(float(pause))
+
+    async def _write_table(self, table: PreparedTable) -> TableInfo:
+        arrow = to_arrow(table)
+        start = time.perf_counter()
+        self._touched.append(table.name)
+        handle = await self._db.create_table(table.name, data=_batches(arrow, self.config.write_batch_rows), mode="overwrite")
+        self.timings.write_s += time.perf_counter() - start
+        start = time.perf_counter()
+        scalar = await self._scalar_indexes(handle, table.name)
+        vector_index = await self._vector_index(handle, table, arrow.num_rows)
+        elapsed = time.perf_counter() - start
+        self.timings.index_s += elapsed
+        self.timings.index_s_by_table[table.name] = elapsed
+        return TableInfo(
+            name=table.name,
+            version=await handle.version(),
+            rows=arrow.num_rows,
+            vector_index=vector_index,
+            scalar_indexes=scalar,
+        )
+
+    async def _scalar_indexes(self, handle: Any, name: str) -> list[str]:
+        if not self.config.scalar_indexes:
+            return []
+        from lancedb.index import BTree
+
+        built = []
+        for column in schema.SCALAR_INDEXES.get(name, ()):
+            await handle.create_index(column, config=BTree(), replace=True)
+            built.append(column)
+        return built
+
+    async def _vector_index(self, handle: Any, table: PreparedTable, rows: int) -> str | None:
+        if table.vectors is None or rows < self.config.ann_min_rows:
+            return None
+        dim = int(table.vectors.matrix.shape[1])
+        await handle.create_index(schema.VECTOR, config=_vector_index(self.config.vector_index, rows, dim), replace=True)
+        return self.config.vector_index.type
+
+    async def _append_manifest(self, manifest: Manifest) -> None:
+        row = pa.table(
+            {
+                "generation": pa.array([manifest.generation], pa.int64()),
+                "ingested_at": pa.array([manifest.ingested_at], pa.string()),
+                "manifest": pa.array([manifest.model_dump_json()], pa.string()),
+            }
+        )
+        if schema.MANIFEST_TABLE in await _table_names(self._db):
+            await (await self._db.open_table(schema.MANIFEST_TABLE)).add(row)
+        else:
+            await self._db.create_table(schema.MANIFEST_TABLE, data=row)
+
+    async def _rollback(self) -> None:
+        """Put touched tables back to the previous manifest's versions (drop the ones it lacks)."""
+        pinned = self._previous.tables if self._previous else {}
+        for name in self._touched:
+            try:
+                if name in pinned:
+                    handle = await self._db.open_table(name)
+                    await handle.restore(pinned[name].version)
+                else:
+                    await self._db.drop_table(name, ignore_missing=True)
+            except Exception as exc:  # noqa: BLE001 - best effort: the manifest still pins the old versions
+                log.warning("%s: could not roll back table %r: %s", self.uri, name, exc)
+
+    async def _cleanup(self, manifest: Manifest) -> None:
+        """Delete table versions older than the one the previous manifest pins (that one stays, so
+        a reader still on the previous generation keeps working)."""
+        pinned_before = self._previous.tables if self._previous else {}
+        for name, info in manifest.tables.items():
+            keep_from = pinned_before[name].version if name in pinned_before else info.version
+            try:
+                handle = await self._db.open_table(name)
+                old = [v["version"] for v in await handle.list_versions() if v["version"] < keep_from]
+                if not old:
+                    continue
+                kwargs = {"storage_options": self.storage_options} if self.storage_options else {}
+                dataset = await handle.to_lance(**kwargs)
+                await asyncio.to_thread(
+                    dataset.cleanup_old_versions,
+                    older_than=timedelta(0),
+                    versions=old,
+                    error_if_tagged_old_versions=False,
+                )
+            except Exception as exc:  # noqa: BLE001 - cleanup failing must not fail a finished ingest
+                log.warning("%s: could not clean up old versions of table %r: %s", self.uri, name, exc)
+
+
+def _batches(arrow: pa.Table, rows: int) -> pa.RecordBatchReader:
+    """Stream the table to LanceDB in bounded record batches."""
+    return pa.RecordBatchReader.from_batches(arrow.schema, arrow.to_batches(max_chunksize=rows))

@@ -1,0 +1,127 @@
+"""The benchmark harness: `python -m benchmarks all --quick` writes well-formed records, tables and plots.
+
+Checks that the harness works and that its measurements are internally consistent (exact methods have
+recall 1, percentiles are ordered, the DRIFT critical path is positive) -- never speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks._harness import REQUIRED_FIELDS, Record, load_records, recall_at_k, write_records
+from benchmarks.vectors import VectorSpace, _TopK
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run_benchmarks(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench-results")
+    proc = _run_benchmarks("--work", str(out / "work"), "all", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_quick_run_writes_records_with_required_fields(quick_results):
+    for name in ("retrieval", "sweep", "curves", "ingest", "startup", "context", "drift"):
+        records = json.loads((quick_results / f"{name}.json").read_text())
+        assert isinstance(records, list) and records, name
+        for record in records:
+            missing = [f for f in REQUIRED_FIELDS if f not in record]
+            assert not missing, f"{name}.json record lacks {missing}"
+            assert record["machine"]["cores"] >= 1 and record["machine"]["memory_gb"] > 0
+            assert "lancedb" in record["versions"] and "numpy" in record["versions"]
+            assert record["peak_rss_mb"] > 0
+            if record["p50_ms"] is not None:
+                assert 0 < record["p50_ms"] <= record["p95_ms"] <= record["p99_ms"], record
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_quick_retrieval_compares_all_methods_against_exact(quick_results):
+    records = {r["method"]: r for r in load_records(quick_results, "retrieval")}
+    assert set(records) >= {"lancedb_ann", "lancedb_flat", "numpy_exact", "engine"}
+    # Exact methods must agree with the independently streamed ground truth.
+    assert records["numpy_exact"]["recall_at_10"] == 1.0
+    assert records["lancedb_flat"]["recall_at_10"] >= 0.99
+    assert records["engine"]["recall_at_10"] >= 0.99  # small table: the engine's exact path
+    for r in records.values():
+        assert 0.0 <= r["recall_at_10"] <= 1.0
+        assert r["qps"] > 0 and r["qps_concurrent"] > 0 and r["concurrency"] == 8
+    ann = records["lancedb_ann"]
+    assert ann["index_type"] in {"IVF_PQ", "IVF_HNSW_SQ", "IVF_FLAT", "IVF_RQ"} and ann["index_build_s"] > 0
+    sweep_types = {r["index_type"] for r in load_records(quick_results, "sweep")}
+    assert sweep_types == {"IVF_PQ", "IVF_HNSW_SQ", "IVF_FLAT", "IVF_RQ"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_quick_drift_ingest_and_startup_records_are_consistent(quick_results):
+    (drift,) = load_records(quick_results, "drift")
+    extra = drift["extra"]
+    assert extra["critical_path_ms"] > 0 and extra["llm_calls"] >= 3  # HyDE + primer + reduce at least
+    assert extra["critical_path_ms"] <= extra["mean_wall_ms"]  # a lower bound is never above the wall time
+    assert extra["overhead_pct"] < 100 and extra["prompt_tokens"] > 0
+    (ingest,) = load_records(quick_results, "ingest")
+    assert ingest["extra"]["rows_per_s"] > 0 and ingest["extra"]["rows_by_table"]["entities"] == ingest["rows"]
+    (startup,) = load_records(quick_results, "startup")
+    assert startup["extra"]["startup_s"] > 0 and startup["extra"]["rss_mb"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_quick_run_renders_markdown_and_png_plots(quick_results):
+    text = (quick_results / "results.md").read_text()
+    for heading in ("## Retrieval", "## ANN index sweep", "## Ingest", "## Local-search context", "## End-to-end DRIFT",
+                    "## Engine start-up"):
+        assert heading in text
+    assert "numpy_exact" in text and "Machine: " in text
+    plots = sorted(quick_results.glob("*.png"))
+    assert {p.name for p in plots} >= {"retrieval_scaling.png", "recall_latency_2000x64.png"}
+    for plot in plots:
+        assert plot.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bad_arguments_exit_2_naming_the_option():
+    proc = _run_benchmarks("retrieval", "--rows", "0", "--dim", "8", timeout=120)
+    assert proc.returncode == 2 and "--rows" in proc.stderr
+
+
+def test_write_records_replaces_same_case_and_keeps_others(tmp_path):
+    def rec(rows: int, p50: float) -> Record:
+        return Record(benchmark="retrieval", rows=rows, dim=8, method="numpy_exact", p50_ms=p50)
+
+    write_records(tmp_path, "retrieval", [rec(10, 1.0), rec(20, 2.0)])
+    write_records(tmp_path, "retrieval", [rec(10, 3.0)])
+    records = sorted(load_records(tmp_path, "retrieval"), key=lambda r: r["rows"])
+    assert [(r["rows"], r["p50_ms"]) for r in records] == [(10, 3.0), (20, 2.0)]
+    assert records[0]["machine"]["cores"] >= 1
+
+
+def test_streamed_ground_truth_matches_full_sort():
+    space = VectorSpace(dim=32, seed=1)
+    queries = space.queries(5)
+    chunks = [space.sample(300, stream=i) for i in range(3)]
+    top = _TopK(len(queries), k=10)
+    for i, chunk in enumerate(chunks):
+        top.update(queries @ chunk.T, i * 300)
+    full = queries @ np.concatenate(chunks).T
+    expected = np.argsort(-full, axis=1)[:, :10]
+    assert recall_at_k(top.ids().tolist(), expected, 10) == 1.0
+    np.testing.assert_array_equal(top.ids()[:, 0], expected[:, 0])

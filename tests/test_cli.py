@@ -1,0 +1,160 @@
+"""Cross-cutting CLI behaviour, through the real entry point in a subprocess: --help for every
+command, exit codes, one-line errors without tracebacks, missing database, `serve`, `demo`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+COMMANDS = ("ingest", "query", "context", "inspect", "serve", "demo")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRIFT_LANCE_", "OPENAI_", "AZURE_OPENAI_"))}
+    env.update(extra)
+    return env
+
+
+def drift_lance(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "drift_lance", *args],
+        capture_output=True,
+        text=True,
+        env=env or cli_env(),
+        cwd=REPO,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_top_level_help_lists_every_command():
+    proc = drift_lance("--help")
+    assert proc.returncode == 0
+    for command in COMMANDS:
+        assert command in proc.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command):
+    proc = drift_lance(command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: drift-lance {command}")
+
+
+def test_no_command_prints_usage_and_exits_2():
+    proc = drift_lance()
+    assert proc.returncode == 2
+    assert "usage: drift-lance" in proc.stderr
+
+
+def test_bad_arguments_exit_2_with_one_error_line():
+    proc = drift_lance("serve", "--port", "not-a-number")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "--port" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("serve", "--db", "{missing}"),
+        ("query", "what?", "--db", "{missing}"),
+        ("context", "what?", "--db", "{missing}"),
+        ("inspect", "--db", "{missing}"),
+    ],
+)
+def test_missing_database_is_one_line_and_exit_2(tmp_path, args):
+    missing = str(tmp_path / "no-such-db")
+    proc = drift_lance(*(a.format(missing=missing) for a in args), env=cli_env(DRIFT_LANCE_EMBEDDING_BACKEND="hash"))
+    assert_one_line_error(proc, args[0], "no-such-db")
+
+
+def test_serve_without_db_is_a_usage_error():
+    assert_one_line_error(drift_lance("serve"), "--db")
+
+
+def test_bad_config_file_names_file_and_field(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("[service]\nmax_concurrent_searches = 0\n")
+    line = assert_one_line_error(drift_lance("serve", "--db", str(tmp_path), "--config", str(config)))
+    assert str(config) in line and "service.max_concurrent_searches" in line
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    proc = drift_lance("--verbose", "serve", "--db", str(tmp_path / "no-such-db"))
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "StoreError" in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_runs_the_service_until_sigterm(service_db):
+    port = _free_port()
+    # A loopback OpenAI endpoint that is never called: readiness needs models built, not reached.
+    env = cli_env(
+        DRIFT_LANCE_CHAT_BACKEND="openai",
+        DRIFT_LANCE_BASE_URL="http://127.0.0.1:9/v1",
+        OPENAI_API_KEY="sk-unused",
+        DRIFT_LANCE_EMBEDDING_BACKEND="hash",
+        DRIFT_LANCE_API_KEY="k3y",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "drift_lance", "serve", "--db", str(service_db), "--port", str(port)],
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        ready = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                ready = httpx.get(f"{base}/readyz")
+                if ready.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        assert ready is not None and ready.status_code == 200, proc.stderr.read() if proc.poll() is not None else ready
+        assert httpx.get(f"{base}/v1/index").status_code == 401
+        manifest = httpx.get(f"{base}/v1/index", headers={"Authorization": "Bearer k3y"})
+        assert manifest.status_code == 200 and manifest.json()["tables"]["entities"]["rows"] > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert f"serving {service_db}" in stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_offline_end_to_end(tmp_path):
+    """The README's main command: bundled sample -> ingest -> DRIFT query on the embedded models."""
+    proc = drift_lance("demo", "--workdir", str(tmp_path / "demo"), timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "answer" in out.lower()
+    for stage in ("primer", "action", "reduce", "total"):
+        assert stage in out
+    assert (tmp_path / "demo" / "lancedb").is_dir()

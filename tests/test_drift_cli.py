@@ -1,0 +1,109 @@
+"""`drift-lance query`: DRIFT and local search from the command line, against the real OpenAI
+backend on a FakeOpenAIServer (127.0.0.1) and the ingested dulce index."""
+
+from __future__ import annotations
+
+import json
+
+import networkx as nx
+import pytest
+
+from drift_lance.cli import main
+from drift_lance.testing import FakeOpenAIServer, Reply
+
+QUERY = "Who leads the Dulce mission?"
+FINAL = "Alex Mercer leads the mission [Data: Sources (0)]."
+
+
+def _model(request) -> Reply:
+    messages = request.messages
+    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    user = messages[-1]["content"]
+    if user.startswith("Write a hypothetical answer"):
+        return Reply(text="# Mission leadership\n\nA hypothetical report.")
+    if "---Community reports---" in user:
+        return Reply(json={"intermediate_answer": "primer", "score": 60,
+                           "follow_up_queries": ["Who is Alex Mercer?", "Who is Taylor Cruz?", "What is Dulce?"]})
+    if "---Data tables---" in system and "follow_up_queries" in system:  # DRIFT follow-up, not local search
+        return Reply(json={"response": f"about {user}", "score": 50, "follow_up_queries": []})
+    if "---Research notes---" in system:
+        return Reply(text=FINAL)
+    return Reply(text="local answer from the tables")  # local search's own prompt
+
+
+@pytest.fixture
+def server(monkeypatch, no_network):
+    with FakeOpenAIServer(embedding_dim=3072) as fake:
+        fake.on_chat = _model
+        for var in list(__import__("os").environ):
+            if var.startswith("DRIFT_LANCE_"):
+                monkeypatch.delenv(var)
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        monkeypatch.setenv("DRIFT_LANCE_MAX_RETRIES", "0")
+        yield fake
+
+
+def test_query_json_with_set_and_graph_export(server, dulce_db_uri, tmp_path, capsys):
+    graph_path = tmp_path / "graph.graphml"
+    code = main(["query", QUERY, "--db", dulce_db_uri, "--json", "--graph-out", str(graph_path),
+                 "--set", "drift_k_followups=2", "--set", "n_depth=1", "--set", "primer_folds=1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    result = json.loads(out)
+    assert result["response"] == FINAL
+    assert result["llm_calls_categories"] == {"build_context": 1, "primer": 1, "action": 2, "reduce": 1}
+    assert set(result["prompt_tokens_categories"]) == set(result["output_tokens_categories"]) == {
+        "build_context", "primer", "action", "reduce"}
+    assert result["llm_calls"] == len(server.chat_requests) == 5
+    graph = nx.read_graphml(graph_path)
+    assert graph.number_of_nodes() == 4 and graph.nodes["0"]["query"] == QUERY
+
+
+def test_query_prints_answer_then_stage_table_and_streams(server, dulce_db_uri, capsys):
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--set", "drift_k_followups=1", "--set", "n_depth=1",
+                 "--set", "primer_folds=1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(FINAL)
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:] if line.strip()}
+    assert rows["primer"][0] == "1" and rows["action"][0] == "1" and rows["total"][0] == "4"
+    assert "completion time:" in out
+
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--stream", "--set", "drift_k_followups=1",
+                 "--set", "n_depth=0", "--set", "primer_folds=1"]) == 0
+    streamed = capsys.readouterr().out
+    assert streamed.startswith(FINAL + "\n") and "reduce" in streamed
+    assert server.chat_requests[-1].stream
+
+
+def test_graphrag_settings_yaml_drives_the_query(server, dulce_db_uri, tmp_path, capsys):
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(
+        "completion_models:\n  default_completion_model:\n    model: gpt-4.1\n"
+        "drift_search:\n  drift_k_followups: 3\n  primer_folds: 1\n  n_depth: 1\n  chat_model_id: default\n"
+    )
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--config", str(settings), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["llm_calls_categories"]["action"] == 3
+
+
+def test_local_method(server, dulce_db_uri, capsys):
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--method", "local", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["response"] == "local answer from the tables"
+    assert "-----Entities-----" in result["context_text"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--set", "n_depth=-1"], "n_depth"),
+        (["--set", "depth=2"], "unknown drift config field 'depth'"),
+        (["--graph-out", "graph.png"], "graph.png"),
+        (["--method", "local", "--graph-out", "g.json"], "--graph-out needs --method drift"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_problem(server, dulce_db_uri, capsys, argv, message):
+    assert main(["query", QUERY, "--db", dulce_db_uri, *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert server.chat_requests == []  # rejected before any model call

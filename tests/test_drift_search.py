@@ -1,0 +1,373 @@
+"""DRIFTSearch loop logic with a scripted chat model on the real ingested dulce index.
+
+The chat model is scripted (the model boundary); the store is the real LanceDB index; follow-up
+contexts come from a small stand-in builder so the tests pin DRIFT's loop, not local search.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import polars as pl
+import pytest
+
+from drift_lance.config.drift import DRIFTSearchConfig
+from drift_lance.drift import DRIFTSearch, DriftCallbacks
+from drift_lance.drift.action import ActionAnswer, PrimerFoldAnswer
+from drift_lance.errors import EmbeddingMismatchError
+from drift_lance.models.tokens import get_tokenizer
+from drift_lance.testing import HashEmbedder, ScriptedChatModel
+
+REDUCE_TEXT = "Final answer: Dulce is led by Alex Mercer [Data: Reports (1)]."
+
+
+@dataclass
+class _Context:
+    context_text: str
+    records: dict[str, pl.DataFrame]
+
+
+class StubContextBuilder:
+    """Stands in for LocalContextBuilder: a recognisable context per follow-up query."""
+
+    def __init__(self, fail_on: str | None = None):
+        self.queries: list[str] = []
+        self.fail_on = fail_on
+
+    async def build(self, query, *, query_vector=None, embedder=None):
+        self.queries.append(query)
+        if query == self.fail_on:
+            raise RuntimeError(f"context build failed for {query}")
+        table = pl.DataFrame({"id": ["1"], "entity": [f"entity for {query}"]})
+        return _Context(f"-----Entities-----\nid|entity\n1|entity for {query}", {"entities": table})
+
+
+def stage_of(messages, response_model) -> str:
+    if response_model is PrimerFoldAnswer:
+        return "primer"
+    if response_model is ActionAnswer:
+        return "action"
+    if messages[0].role == "system":
+        return "reduce"
+    return "hyde"
+
+
+def drift_responder(children: int = 2, *, fail: set[str] = frozenset(), scores: dict[str, int] | None = None):
+    """Primer folds propose P<fold>-<i>; action `q` proposes `q/<i>`; `fail` queries answer junk."""
+    fold_counter = iter(range(1000))
+
+    def respond(messages, params, response_model):
+        stage = stage_of(messages, response_model)
+        if stage == "hyde":
+            return "# Hypothetical report\n\nDulce base leadership overview."
+        if stage == "primer":
+            fold = next(fold_counter)
+            return {
+                "intermediate_answer": f"primer answer {fold}",
+                "score": 50 + fold,
+                "follow_up_queries": [f"P{fold}-{i}" for i in range(children)],
+            }
+        if stage == "action":
+            query = messages[-1].content
+            if query in fail:
+                return "this is not JSON at all"
+            return {
+                "response": f"answer to {query}",
+                "score": (scores or {}).get(query, 40),
+                "follow_up_queries": [f"{query}/{i}" for i in range(children)],
+            }
+        return REDUCE_TEXT
+
+    return respond
+
+
+@pytest.fixture
+def store(dulce_store):
+    return dulce_store
+
+
+def make_search(store, chat, *, builder=None, **config) -> DRIFTSearch:
+    dim = store.manifest.vectors["community_reports"].dimension
+    return DRIFTSearch(
+        store=store,
+        chat_model=chat,
+        embedder=HashEmbedder(dim),
+        context_builder=builder or StubContextBuilder(),
+        tokenizer=get_tokenizer("o200k_base"),
+        config=DRIFTSearchConfig(seed=1, **config),
+    )
+
+
+def stages(chat: ScriptedChatModel) -> list[str]:
+    return [stage_of(call.messages, call.response_model) for call in chat.calls]
+
+
+@pytest.mark.parametrize(
+    ("k", "folds", "depth", "expected"),
+    [
+        # HyDE 1 + one primer call per fold + k actions per epoch (every answer proposes 3
+        # follow-ups, so at least k are always open) + reduce 1
+        (2, 2, 2, {"build_context": 1, "primer": 2, "action": 4, "reduce": 1}),
+        (3, 1, 1, {"build_context": 1, "primer": 1, "action": 3, "reduce": 1}),
+        (5, 1, 0, {"build_context": 1, "primer": 1, "action": 0, "reduce": 1}),
+        (2, 5, 1, {"build_context": 1, "primer": 2, "action": 2, "reduce": 1}),  # folds > reports: one per report
+        (4, 2, 3, {"build_context": 1, "primer": 2, "action": 12, "reduce": 1}),
+    ],
+)
+async def test_exact_llm_calls_per_stage(store, k, folds, depth, expected):
+    chat = ScriptedChatModel(drift_responder(children=3))
+    search = make_search(store, chat, drift_k_followups=k, primer_folds=folds, n_depth=depth)
+    result = await search.search("Who leads the Dulce base?")
+    assert result.llm_calls_categories == expected
+    assert result.llm_calls == sum(expected.values()) == len(chat.calls)
+    counted = {stage: stages(chat).count(stage) for stage in ("hyde", "primer", "action", "reduce")}
+    assert list(counted.values()) == [expected["build_context"], expected["primer"], expected["action"], expected["reduce"]]
+    assert result.response == REDUCE_TEXT
+
+
+async def test_loop_stops_when_no_open_actions_remain(store):
+    chat = ScriptedChatModel(drift_responder(children=0))  # nothing proposes follow-ups
+    search = make_search(store, chat, drift_k_followups=3, primer_folds=1, n_depth=3)
+    result = await search.search("Who leads the Dulce base?")
+    assert result.llm_calls_categories["action"] == 0  # primer proposed none either
+    assert result.state["nodes"][0]["answer"] == "primer answer 0"
+
+
+async def test_concurrency_bound_holds_across_the_query(store):
+    chat = ScriptedChatModel(drift_responder(children=4), delay=0.02)
+    search = make_search(store, chat, drift_k_followups=8, primer_folds=4, n_depth=2, concurrency=3)
+    result = await search.search("Who leads the Dulce base?")
+    assert result.llm_calls_categories["action"] == 16
+    assert chat.max_in_flight == 3  # reached (calls do overlap) and never exceeded
+
+    serial = ScriptedChatModel(drift_responder(children=4), delay=0.005)
+    await make_search(store, serial, drift_k_followups=8, primer_folds=4, n_depth=1, concurrency=1).search("q")
+    assert serial.max_in_flight == 1
+
+
+async def test_graph_shape_and_serialization(store):
+    chat = ScriptedChatModel(drift_responder())
+    search = make_search(store, chat, drift_k_followups=2, primer_folds=2, n_depth=2)
+    result = await search.search("Who leads the Dulce base?")
+    state = result.state
+    nodes = {n["id"]: n for n in state["nodes"]}
+    # root + 4 primer follow-ups + 2x2 (epoch 1) + 2x2 (epoch 2) children
+    assert len(nodes) == 1 + 4 + 4 + 4
+    assert nodes[0]["query"] == "Who leads the Dulce base?" and nodes[0]["depth"] == 0
+    assert sum(1 for e in state["edges"] if e["source"] == 0) == 4
+    answered = [n for n in nodes.values() if n["answer"] and n["id"] != 0]
+    assert len(answered) == 4
+    for node in answered:  # each answered action links to its two follow-ups, one level deeper
+        children = [nodes[e["target"]] for e in state["edges"] if e["source"] == node["id"]]
+        assert sorted(c["query"] for c in children) == [f"{node['query']}/0", f"{node['query']}/1"]
+        assert all(c["depth"] == node["depth"] + 1 for c in children)
+        assert node["metadata"]["llm_calls"] == 1
+    dumped = json.loads(json.dumps(result.model_dump(), allow_nan=False))
+    assert dumped["context_data"]["Who leads the Dulce base?"]["reports"][0]["title"]
+    some_action = answered[0]["query"]
+    assert dumped["context_data"][some_action]["entities"] == [{"id": "1", "entity": f"entity for {some_action}"}]
+    assert "-----Entities-----" in dumped["context_text"][some_action]
+
+
+async def test_duplicate_follow_ups_run_once(store):
+    def respond(messages, params, response_model):
+        stage = stage_of(messages, response_model)
+        if stage == "primer":
+            return {"intermediate_answer": "p", "score": 50, "follow_up_queries": ["A", "B", "a "]}
+        if stage == "action":
+            return {"response": "x", "score": 10, "follow_up_queries": ["Shared", "shared"]}
+        return "text"
+
+    chat = ScriptedChatModel(respond)
+    search = make_search(store, chat, drift_k_followups=10, primer_folds=1, n_depth=2)
+    result = await search.search("Who leads the Dulce base?")
+    queries = [n["query"] for n in result.state["nodes"]]
+    assert queries == ["Who leads the Dulce base?", "A", "B", "Shared"]
+    # epoch 1 runs A and B, epoch 2 runs the merged "Shared" once
+    assert [c.messages[-1].content for c in chat.calls if stage_of(c.messages, c.response_model) == "action"].count("Shared") == 1
+    shared_id = queries.index("Shared")
+    assert sorted(e["source"] for e in result.state["edges"] if e["target"] == shared_id) == [1, 2]
+
+
+async def test_failing_actions_do_not_fail_the_query(store):
+    chat = ScriptedChatModel(drift_responder(fail={"P0-0"}))
+    builder = StubContextBuilder(fail_on="P0-1")
+    search = make_search(store, chat, builder=builder, drift_k_followups=4, primer_folds=2, n_depth=1)
+    result = await search.search("Who leads the Dulce base?")
+    assert result.response == REDUCE_TEXT
+    nodes = {n["query"]: n for n in result.state["nodes"]}
+    junk, no_context = nodes["P0-0"], nodes["P0-1"]
+    assert junk["score"] == "-inf" and "StructuredOutputError" in junk["metadata"]["error"]
+    assert junk["metadata"]["llm_calls"] == 1 and junk["metadata"]["prompt_tokens"] > 0  # the failed call still counts
+    assert no_context["score"] == "-inf" and "context build failed" in no_context["metadata"]["error"]
+    assert no_context["metadata"]["llm_calls"] == 0  # never reached the model
+    assert result.llm_calls_categories["action"] == 3
+    reduce_prompt = chat.calls[-1].messages[0].content
+    assert "answer to P1-0" in reduce_prompt and "answer to P0-0" not in reduce_prompt
+
+
+async def test_action_timeout_marks_the_action_and_the_search_goes_on(store):
+    base = drift_responder()
+
+    async def respond(messages, params, response_model):
+        if response_model is ActionAnswer and messages[-1].content == "P0-0":
+            await asyncio.sleep(5)
+        return base(messages, params, response_model)
+
+    chat = ScriptedChatModel(respond)
+    search = make_search(store, chat, drift_k_followups=4, primer_folds=2, n_depth=1, llm_timeout=0.2)
+    result = await search.search("Who leads the Dulce base?")
+    slow = next(n for n in result.state["nodes"] if n["query"] == "P0-0")
+    assert "LLMTimeoutError" in slow["metadata"]["error"]
+    assert result.response == REDUCE_TEXT
+    assert chat.in_flight == 0
+
+
+async def test_cancelling_the_search_cancels_in_flight_calls(store):
+    started = asyncio.Event()
+    base = drift_responder(children=4)
+
+    async def respond(messages, params, response_model):
+        if response_model is ActionAnswer:
+            started.set()
+            await asyncio.sleep(30)
+        return base(messages, params, response_model)
+
+    chat = ScriptedChatModel(respond)
+    search = make_search(store, chat, drift_k_followups=4, primer_folds=1, n_depth=1)
+    task = asyncio.create_task(search.search("Who leads the Dulce base?"))
+    await asyncio.wait_for(started.wait(), 10)
+    assert chat.in_flight >= 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert chat.in_flight == 0  # every in-flight action call was cancelled, none left running
+
+
+async def test_streamed_and_blocking_reduce_match_and_tokens_add_up(store):
+    class Recorder(DriftCallbacks):
+        def __init__(self):
+            self.events: list[str] = []
+            self.tokens: list[str] = []
+
+        def on_primer_done(self, root, reports):
+            self.events.append("primer")
+
+        def on_action_completed(self, action, epoch):
+            self.events.append(f"action{epoch}")
+
+        def on_reduce_start(self, state):
+            self.events.append("reduce_start")
+
+        async def on_token(self, token):
+            self.tokens.append(token)
+
+        def on_reduce_end(self, response):
+            self.events.append("reduce_end")
+
+    config = dict(drift_k_followups=2, primer_folds=2, n_depth=2)
+    blocking_chat = ScriptedChatModel(drift_responder())
+    blocking = await make_search(store, blocking_chat, **config).search("Who leads the Dulce base?")
+
+    stream_chat = ScriptedChatModel(drift_responder())
+    recorder = Recorder()
+    stream = make_search(store, stream_chat, **config).stream_search("Who leads the Dulce base?", callbacks=[recorder])
+    deltas = [delta async for delta in stream]
+    streamed = stream.result
+
+    assert len(deltas) > 1 and "".join(deltas) == blocking.response == streamed.response == REDUCE_TEXT
+    assert "".join(recorder.tokens) == REDUCE_TEXT
+    assert recorder.events == ["primer", "action1", "action1", "action2", "action2", "reduce_start", "reduce_end"]
+    assert streamed.llm_calls_categories == blocking.llm_calls_categories
+    assert streamed.prompt_tokens_categories == blocking.prompt_tokens_categories
+    assert streamed.output_tokens_categories == blocking.output_tokens_categories
+    for result, chat in ((blocking, blocking_chat), (streamed, stream_chat)):
+        assert result.prompt_tokens == sum(result.prompt_tokens_categories.values()) == chat.usage.prompt_tokens
+        assert result.output_tokens == sum(result.output_tokens_categories.values()) == chat.usage.output_tokens
+        assert result.llm_calls == sum(result.llm_calls_categories.values()) == len(chat.calls)
+        assert all(result.prompt_tokens_categories[s] > 0 for s in ("build_context", "primer", "action", "reduce"))
+
+
+async def test_settings_reach_the_model_calls_and_prompts(store):
+    chat = ScriptedChatModel(drift_responder())
+    search = make_search(
+        store, chat, drift_k_followups=2, primer_folds=1, n_depth=1,
+        local_search_temperature=0.4, local_search_top_p=0.8, local_search_n=1,
+        local_search_llm_max_gen_tokens=700, local_search_llm_max_gen_completion_tokens=300,
+        reduce_temperature=0.3, reduce_max_tokens=900, response_type="one short paragraph",
+    )
+    await search.search("Who leads the Dulce base?")
+    action = next(c for c in chat.calls if c.response_model is ActionAnswer)
+    assert (action.params.temperature, action.params.top_p, action.params.max_tokens) == (0.4, 0.8, 300)
+    system = action.messages[0].content
+    assert "Who leads the Dulce base?" in system  # {global_query}
+    assert f"entity for {action.messages[-1].content}" in system  # {context_data}
+    assert "one short paragraph" in system and "up to 2 follow-up" in system  # {response_type}, {followups}
+    reduce = chat.calls[-1]
+    assert (reduce.params.temperature, reduce.params.max_tokens) == (0.3, 900)
+    assert reduce.messages[-1].content == "Who leads the Dulce base?"
+    primer = next(c for c in chat.calls if c.response_model is PrimerFoldAnswer)
+    hyde = chat.calls[0]
+    assert "Who leads the Dulce base?" in primer.prompt and "Who leads the Dulce base?" in hyde.prompt
+
+
+async def test_token_budgets_limit_primer_reports_and_reduce_notes(store):
+    chat = ScriptedChatModel(drift_responder())
+    await make_search(store, chat, drift_k_followups=3, primer_folds=1, n_depth=1, primer_llm_max_tokens=50).search("q")
+    primer = next(c for c in chat.calls if c.response_model is PrimerFoldAnswer)
+    tokenizer = get_tokenizer("o200k_base")
+    wide = ScriptedChatModel(drift_responder())
+    await make_search(store, wide, drift_k_followups=3, primer_folds=1, n_depth=1).search("q")
+    wide_primer = next(c for c in wide.calls if c.response_model is PrimerFoldAnswer)
+    assert tokenizer.count(wide_primer.prompt) - tokenizer.count(primer.prompt) > 100
+
+    # Reduce keeps the best-scored notes that fit data_max_tokens.
+    scores = {"P0-0": 90, "P0-1": 10}
+    chat = ScriptedChatModel(drift_responder(scores=scores))
+    await make_search(store, chat, drift_k_followups=2, primer_folds=1, n_depth=1, data_max_tokens=25).search("q")
+    notes = chat.calls[-1].messages[0].content
+    assert "answer to P0-0" in notes and "answer to P0-1" not in notes
+
+
+async def test_parent_score_ranking_follows_the_best_branch(store):
+    scores = {"P0-0": 95, "P0-1": 5}
+    chat = ScriptedChatModel(drift_responder(scores=scores))
+    search = make_search(store, chat, drift_k_followups=2, primer_folds=1, n_depth=2, action_ranking="parent_score")
+    await search.search("Who leads the Dulce base?")
+    actions = [c.messages[-1].content for c in chat.calls if c.response_model is ActionAnswer]
+    assert actions[:2] == ["P0-0", "P0-1"]  # both children of the root share its score: insertion order
+    assert sorted(actions[2:]) == ["P0-0/0", "P0-0/1"]  # epoch 2 follows the 95-point branch
+
+
+async def test_seed_makes_random_order_reproducible(store):
+    runs = []
+    for _ in range(2):
+        chat = ScriptedChatModel(drift_responder(children=3))
+        await make_search(store, chat, drift_k_followups=2, primer_folds=2, n_depth=2).search("q")
+        runs.append([c.messages[-1].content for c in chat.calls if c.response_model is ActionAnswer])
+    assert runs[0] == runs[1]
+
+
+async def test_primer_survives_one_bad_fold_and_embedder_dimension_is_checked(store):
+    answers = iter(["not json", {"intermediate_answer": "ok", "score": 70, "follow_up_queries": ["F"]}])
+
+    def respond(messages, params, response_model):
+        stage = stage_of(messages, response_model)
+        if stage == "primer":
+            return next(answers)
+        return drift_responder()(messages, params, response_model)
+
+    chat = ScriptedChatModel(respond)
+    search = make_search(store, chat, drift_k_followups=2, primer_folds=2, n_depth=0)
+    result = await search.search("q")
+    root = result.state["nodes"][0]
+    assert root["answer"] == "ok" and root["score"] == 70 and "fold_errors" in root["metadata"]
+    assert result.llm_calls_categories["primer"] == 2
+
+    with pytest.raises(EmbeddingMismatchError, match=r"community_reports\.vector has dimension \d+.*returns 64"):
+        DRIFTSearch(
+            store=store, chat_model=chat, embedder=HashEmbedder(64), context_builder=StubContextBuilder(),
+            tokenizer=get_tokenizer("o200k_base"),
+        )

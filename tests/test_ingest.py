@@ -1,0 +1,431 @@
+"""Ingest: layouts, vector reuse and computation, bad input, atomicity, idempotence, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import lancedb
+import numpy as np
+import polars as pl
+import pytest
+
+import ingest
+from drift_lance import schema
+from drift_lance._lance_store import open_store
+from drift_lance.cli import main as cli_main
+from drift_lance.config.ingest import IngestConfig
+from drift_lance.errors import IngestError
+from drift_lance.testing import HashEmbedder
+from ingest.writer import PAUSE_ENV, IndexWriter
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def copy_index(src: Path, dst: Path, mutate: Callable[[Path], None] | None = None) -> Path:
+    shutil.copytree(src, dst)
+    if mutate:
+        mutate(dst)
+    return dst
+
+
+def rewrite(path: Path, change: Callable[[pl.DataFrame], pl.DataFrame]) -> None:
+    change(pl.read_parquet(path)).write_parquet(path)
+
+
+async def latest_rows(uri: str, table: str) -> int:
+    db = await lancedb.connect_async(uri)
+    return await (await db.open_table(table)).count_rows()
+
+
+# --------------------------------------------------------------------------- graphrag 3.x (dulce)
+
+
+async def test_dulce_ingest_reuses_graphrag_vectors(dulce_store, dulce_dir):
+    m = dulce_store.manifest
+    assert m.layout == "graphrag-3"
+    assert m.generation == 1
+    assert {t: i.rows for t, i in m.tables.items()} == {
+        "entities": 39,
+        "relationships": 107,
+        "communities": 10,
+        "community_reports": 10,
+        "text_units": 5,
+        "covariates": 41,
+        "documents": 1,
+    }
+    for table in schema.VECTOR_TABLES:
+        assert m.vectors[table].dimension == 3072
+        assert m.vectors[table].source == "graphrag-lancedb"
+        assert m.vectors[table].model == "unknown"
+    # ids and vectors are graphrag's own: compare with the source lancedb table row by row
+    src = await lancedb.connect_async(str(dulce_dir / "lancedb"))
+    theirs = (await (await src.open_table("entity_description")).to_arrow()).to_pylist()
+    ours = await dulce_store.fetch("entities", "id", [r["id"] for r in theirs], columns=["id", "vector"])
+    assert ours.height == 39
+    by_id = {row["id"]: np.asarray(row["vector"]) for row in ours.iter_rows(named=True)}
+    for row in theirs:
+        v = np.asarray(row["vector"], dtype=np.float32)
+        np.testing.assert_allclose(by_id[row["id"]], v / np.linalg.norm(v), atol=1e-6)
+
+
+async def test_dulce_columns_membership_and_indexes(dulce_store, dulce_dir):
+    entities = await dulce_store.scan("entities")
+    assert entities.columns == [*[c for c, _ in schema.COLUMNS["entities"]], "vector"]
+    assert set(entities["id"]) == set(pl.read_parquet(dulce_dir / "entities.parquet")["id"])
+    # membership agrees with communities.entity_ids, level by level
+    communities = pl.read_parquet(dulce_dir / "communities.parquet")
+    expected: dict[str, set[tuple[int, int]]] = {}
+    for row in communities.iter_rows(named=True):
+        for eid in row["entity_ids"]:
+            expected.setdefault(eid, set()).add((row["community"], row["level"]))
+    for row in entities.iter_rows(named=True):
+        assert set(zip(row["community_ids"], row["community_levels"], strict=True)) == expected.get(row["id"], set())
+    # text units: graphrag 3's single document_id became a list
+    units = await dulce_store.scan("text_units", columns=["document_ids"])
+    assert all(len(d) == 1 for d in units["document_ids"])
+    reports = await dulce_store.scan("community_reports", columns=["findings", "full_content", "rank"])
+    assert all(isinstance(json.loads(f), list) and json.loads(f) for f in reports["findings"])
+    # every table carries the BTREE indexes of the schema contract; small tables no ANN index
+    db = await lancedb.connect_async(dulce_store.uri)
+    for table, info in dulce_store.manifest.tables.items():
+        handle = await db.open_table(table, version=info.version)
+        indexed = {tuple(i.columns) for i in await handle.list_indices()}
+        assert {(c,) for c in schema.SCALAR_INDEXES[table]} <= indexed
+        assert info.vector_index is None
+
+
+# --------------------------------------------------------------------------- graphrag 0.9 (carol)
+
+
+async def test_carol_legacy_layout_computes_vectors(carol_dir, tmp_path):
+    embedder = HashEmbedder(48, model_id="hash-48")
+    uri = str(tmp_path / "db")
+    report = await ingest.run_ingest(carol_dir, uri, embedder=embedder, progress=False)
+    assert report.manifest.layout == "graphrag-1"
+    assert report.rows["entities"] == 260 and report.rows["communities"] == 37
+    assert report.computed_vectors == 260 + 37 + 42
+    store = await open_store(uri)
+    for table in schema.VECTOR_TABLES:
+        assert store.manifest.vectors[table].model == "hash-48"
+        assert store.manifest.vectors[table].dimension == 48
+    # graphrag embeds entities as "title:description"
+    entity = (await store.fetch("entities", "title", ["BOB CRATCHIT"])).row(0, named=True)
+    expected = embedder.embed_sync([f"{entity['title']}:{entity['description']}"])[0]
+    np.testing.assert_allclose(entity["vector"], expected / np.linalg.norm(expected), atol=1e-6)
+    # degree and membership come from create_final_nodes (0.9 entities have neither)
+    nodes = pl.read_parquet(carol_dir / "create_final_nodes.parquet")
+    node = nodes.filter(pl.col("title") == "BOB CRATCHIT")
+    assert entity["degree"] == node["degree"].max()
+    assert sorted(entity["community_ids"]) == sorted(node.filter(pl.col("community") >= 0)["community"].to_list())
+    # the hierarchy (no parent column in 0.9) is inferred from nested membership
+    communities = await store.scan("communities", columns=["community", "level", "parent", "children"])
+    for row in communities.iter_rows(named=True):
+        assert (row["parent"] == -1) == (row["level"] == 0)
+        for child in row["children"]:
+            assert communities.filter(pl.col("community") == child)["parent"].item() == row["community"]
+    reports = await store.scan("community_reports", columns=["rating_explanation", "parent"])
+    assert reports["rating_explanation"].null_count() == 0
+    await store.close()
+
+
+async def test_old_name_and_embedding_column_variant(carol_dir, tmp_path):
+    """graphrag 0.4: entity `name`, vectors in `description_embedding`, `source_id` strings."""
+    rng = np.random.default_rng(1)
+
+    def to_04(root: Path) -> None:
+        path = root / "create_final_entities.parquet"
+        frame = pl.read_parquet(path)
+        vectors = rng.normal(size=(frame.height, 8)).tolist()
+        frame = frame.rename({"title": "name"}).with_columns(
+            pl.Series("description_embedding", vectors, dtype=pl.List(pl.Float64)),
+            pl.col("text_unit_ids").list.join(",").alias("source_id"),
+        ).drop("text_unit_ids")
+        frame.write_parquet(path)
+
+    src = copy_index(carol_dir, tmp_path / "src", to_04)
+    report = await ingest.run_ingest(
+        src, str(tmp_path / "db"), embedder=HashEmbedder(8), embedding_model="old-ada", progress=False
+    )
+    assert report.manifest.layout == "graphrag-0.4"
+    assert report.manifest.vectors["entities"].source == "parquet-column"
+    assert report.manifest.vectors["entities"].model == "old-ada"
+    assert report.manifest.vectors["text_units"].source == "computed"
+    store = await open_store(str(tmp_path / "db"))
+    row = (await store.fetch("entities", "title", ["BOB CRATCHIT"], columns=["text_unit_ids"])).row(0, named=True)
+    original = pl.read_parquet(carol_dir / "create_final_entities.parquet").filter(pl.col("title") == "BOB CRATCHIT")
+    assert row["text_unit_ids"] == original["text_unit_ids"].item().to_list()
+
+
+async def test_reembed_recomputes_everything(dulce_dir, tmp_path):
+    report = await ingest.run_ingest(dulce_dir, str(tmp_path / "db"), embedder=HashEmbedder(16), reembed=True, progress=False)
+    assert {v.source for v in report.manifest.vectors.values()} == {"computed"}
+    assert {v.dimension for v in report.manifest.vectors.values()} == {16}
+
+
+async def test_graphrag_1x_lancedb_names_with_double_vectors(dulce_dir, tmp_path):
+    """graphrag 1.x/2.x vector stores: `default-*` table names, list<double> vectors, attributes."""
+    import pyarrow as pa
+
+    def to_1x_store(root: Path) -> None:
+        shutil.rmtree(root / "lancedb")
+        (root / "embeddings.community_full_content.parquet").unlink()
+        db = lancedb.connect(str(root / "lancedb"))
+        rng = np.random.default_rng(0)
+        for name, parquet in (
+            ("default-entity-description", "entities"),
+            ("default-community-full_content", "community_reports"),
+            ("default-text_unit-text", "text_units"),
+        ):
+            ids = pl.read_parquet(root / f"{parquet}.parquet")["id"].to_list()
+            db.create_table(
+                name,
+                pa.table(
+                    {
+                        "id": ids,
+                        "text": ["t"] * len(ids),
+                        "vector": pa.array(rng.normal(size=(len(ids), 12)).tolist(), pa.list_(pa.float64())),
+                        "attributes": ['{"title": "x"}'] * len(ids),
+                    }
+                ),
+            )
+
+    src = copy_index(dulce_dir, tmp_path / "src", to_1x_store)
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), progress=False, embedding_model="text-embedding-3-small")
+    assert {v.dimension for v in report.manifest.vectors.values()} == {12}
+    assert {v.source for v in report.manifest.vectors.values()} == {"graphrag-lancedb"}
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _drop_table(name: str) -> Callable[[Path], None]:
+    return lambda root: (root / name).unlink()
+
+
+def _change(file: str, change: Callable[[pl.DataFrame], pl.DataFrame]) -> Callable[[Path], None]:
+    return lambda root: rewrite(root / file, change)
+
+
+def _vectors_parquet(rows: Callable[[list[str]], list]) -> Callable[[Path], None]:
+    """Replace graphrag's lancedb folder with an embeddings parquet built by `rows(ids)`."""
+
+    def mutate(root: Path) -> None:
+        shutil.rmtree(root / "lancedb")
+        ids = pl.read_parquet(root / "entities.parquet")["id"].to_list()
+        pl.DataFrame({"id": ids, "embedding": rows(ids)}, schema={"id": pl.String, "embedding": pl.List(pl.Float64)}).write_parquet(
+            root / "embeddings.entity_description.parquet"
+        )
+
+    return mutate
+
+
+BAD_INPUTS = {
+    "missing required table": (_drop_table("relationships.parquet"), ["relationships.parquet", "relationships"]),
+    "missing column": (_change("entities.parquet", lambda f: f.drop("title")), ["entities.parquet", "'title'"]),
+    "wrong type": (
+        _change("entities.parquet", lambda f: f.with_columns(pl.lit("high").alias("degree"))),
+        ["entities.parquet", "'degree'"],
+    ),
+    "wrong list type": (
+        _change("communities.parquet", lambda f: f.with_columns(pl.lit(3).alias("entity_ids"))),
+        ["communities.parquet", "'entity_ids'"],
+    ),
+    "duplicate ids": (
+        _change("entities.parquet", lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 5).then(pl.first("id")).otherwise(pl.col("id")).alias("id"))),
+        ["entities.parquet", "'id'", "duplicated"],
+    ),
+    "null ids": (
+        _change("text_units.parquet", lambda f: f.with_columns(pl.lit(None, dtype=pl.String).alias("id"))),
+        ["text_units.parquet", "'id'"],
+    ),
+    "empty table": (_change("community_reports.parquet", lambda f: f.head(0)), ["community_reports.parquet", "empty"]),
+    "mixed vector dimensions": (
+        _vectors_parquet(lambda ids: [[0.1] * (4 if i else 5) for i, _ in enumerate(ids)]),
+        ["embeddings.entity_description.parquet", "'embedding'", "mixed dimensions"],
+    ),
+    "NaN vectors": (
+        _vectors_parquet(lambda ids: [[float("nan") if i == 3 else 0.5] * 4 for i, _ in enumerate(ids)]),
+        ["embeddings.entity_description.parquet", "NaN"],
+    ),
+    "vectors missing for some rows": (
+        _vectors_parquet(lambda ids: [[0.5] * 4 for _ in ids[:-1]] + [None]),
+        ["embeddings.entity_description.parquet", "null"],
+    ),
+    "wrong vector dimension across tables": (
+        _vectors_parquet(lambda ids: [[0.5, 0.1, 0.2] for _ in ids]),
+        ["embeddings.entity_description.parquet", "dimension 3", "3072"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+async def test_bad_input_is_rejected_and_writes_nothing(case, dulce_dir, tmp_path):
+    mutate, expected = BAD_INPUTS[case]
+    src = copy_index(dulce_dir, tmp_path / "src", mutate)
+    uri = tmp_path / "db"
+    with pytest.raises(IngestError) as err:
+        await ingest.run_ingest(src, str(uri), embedder=HashEmbedder(8), progress=False)
+    for fragment in expected:
+        assert fragment in str(err.value), str(err.value)
+    assert not uri.exists()
+
+
+async def test_bad_input_leaves_existing_database_untouched(dulce_dir, tmp_path):
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(dulce_dir, uri, progress=False)
+    before = {t: i.version for t, i in (await open_store(uri)).manifest.tables.items()}
+    src = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.drop("id")))
+    with pytest.raises(IngestError):
+        await ingest.run_ingest(src, uri, progress=False)
+    db = await lancedb.connect_async(uri)
+    for table, version in before.items():
+        assert await (await db.open_table(table)).version() == version
+
+
+def test_missing_folder_cli_exits_2(tmp_path, capsys):
+    code = cli_main(["ingest", str(tmp_path / "nope"), "--db", str(tmp_path / "db"), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "no such folder" in err
+    assert not (tmp_path / "db").exists()
+
+
+def test_not_a_graphrag_folder(tmp_path):
+    (tmp_path / "x.parquet").write_bytes(b"")
+    with pytest.raises(IngestError, match="entities.parquet"):
+        ingest.ingest(tmp_path, str(tmp_path / "db"), progress=False)
+
+
+# --------------------------------------------------------------------------- atomicity
+
+
+async def test_rerun_is_idempotent_and_old_versions_are_cleaned(dulce_dir, tmp_path):
+    uri = str(tmp_path / "db")
+    first = await ingest.run_ingest(dulce_dir, uri, progress=False)
+    second = await ingest.run_ingest(dulce_dir, uri, progress=False)
+    third = await ingest.run_ingest(dulce_dir, uri, progress=False)
+    assert (first.manifest.generation, second.manifest.generation, third.manifest.generation) == (1, 2, 3)
+    assert first.rows == second.rows == third.rows
+    store = await open_store(uri)
+    for table, rows in first.rows.items():
+        assert await latest_rows(uri, table) == rows
+        ids = (await store.scan(table, columns=["id"]))["id"]
+        assert ids.n_unique() == rows
+    # versions older than the previous generation's are gone; the previous one still opens
+    db = await lancedb.connect_async(uri)
+    for table, info in second.manifest.tables.items():
+        versions = [v["version"] for v in await (await db.open_table(table)).list_versions()]
+        assert min(versions) == info.version
+    previous = await open_store(uri, generation=2)
+    assert await previous.count("entities") == 39
+    assert (await previous.scan("entities", limit=1)).height == 1
+
+
+async def test_failure_midway_rolls_back_to_previous_versions(dulce_dir, tmp_path, monkeypatch):
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(dulce_dir, uri, progress=False)
+    src = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.head(30)))
+    real = IndexWriter._write_table
+    written: list[str] = []
+
+    async def failing(self, table):
+        if len(written) == 2:
+            raise RuntimeError("disk full")
+        written.append(table.name)
+        return await real(self, table)
+
+    monkeypatch.setattr(IndexWriter, "_write_table", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        await ingest.run_ingest(src, uri, progress=False)
+    store = await open_store(uri)
+    assert store.manifest.generation == 1
+    assert await latest_rows(uri, "entities") == 39  # restored, not only pinned
+
+
+def test_killed_ingest_leaves_previous_database_usable(dulce_dir, tmp_path):
+    uri = str(tmp_path / "db")
+    ingest.ingest(dulce_dir, uri, progress=False)
+    removed = pl.read_parquet(dulce_dir / "entities.parquet")["title"][-1]
+    src = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.head(-1)))
+    env = {**os.environ, PAUSE_ENV: "60", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from drift_lance.cli import main; sys.exit(main())", "ingest", str(src), "--db", uri, "--no-progress"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        while line and "wrote table" not in line:
+            line = proc.stderr.readline()
+        assert "wrote table entities" in line
+        line = proc.stderr.readline()  # second table written too: kill during the third
+        while line and "wrote table" not in line:
+            line = proc.stderr.readline()
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+    import asyncio
+
+    async def check() -> None:
+        assert await latest_rows(uri, "entities") == 38  # the new version was written ...
+        store = await open_store(uri)  # ... but the manifest still pins the old one
+        assert store.manifest.generation == 1
+        assert await store.count("entities") == 39
+        hit = await store.fetch("entities", "title", [removed], columns=["title", "vector"])
+        assert hit.height == 1
+        found = await store.search("entities", np.asarray(hit["vector"][0]), 1, columns=["title"])
+        assert found["title"][0] == removed
+        assert (await store.scan("relationships")).height == 107
+        await store.close()
+
+    asyncio.run(check())
+    # the next ingest of the same source completes normally
+    report = ingest.ingest(src, uri, progress=False)
+    assert report.manifest.generation == 2 and report.rows["entities"] == 38
+
+
+# --------------------------------------------------------------------------- ANN index + CLI
+
+
+async def test_ann_index_built_at_threshold(tmp_path):
+    from ingest.synthetic import generate_index
+
+    src = generate_index(tmp_path / "src", n_entities=600, dim=32, seed=3)
+    config = IngestConfig(ann_min_rows=500)
+    config.vector_index.num_partitions = 2
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), config=config, progress=False)
+    assert report.manifest.tables["entities"].vector_index == "IVF_HNSW_SQ"
+    assert report.manifest.tables["community_reports"].vector_index is None  # 600/16 rows: below
+    db = await lancedb.connect_async(str(tmp_path / "db"))
+    table = await db.open_table("entities", version=report.manifest.tables["entities"].version)
+    assert any(i.columns == ["vector"] for i in await table.list_indices())
+
+
+def test_cli_ingest_and_inspect(dulce_dir, tmp_path, capsys):
+    uri = str(tmp_path / "db")
+    assert cli_main(["ingest", str(dulce_dir), "--db", uri, "--embedding-model", "text-embedding-3-large", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "entities" in out and "39" in out and "generation 1" in out
+    assert cli_main(["inspect", "--db", uri, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["manifest"]["generation"] == 1
+    assert info["manifest"]["vectors"]["entities"]["model"] == "text-embedding-3-large"
+    assert info["tables"]["entities"]["rows"] == 39
+    assert "title" in info["tables"]["entities"]["indexes"]
+    assert cli_main(["inspect", "--db", uri]) == 0
+    text = capsys.readouterr().out
+    assert "text-embedding-3-large" in text and "community_reports" in text
+    assert cli_main(["inspect", "--db", str(tmp_path / "empty")]) == 2

