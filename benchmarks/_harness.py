@@ -165,9 +165,12 @@ def emit_result(result: dict[str, Any]) -> None:
 
 
 def record_key(record: dict[str, Any]) -> str:
-    """Identity of a case: a rerun with the same key replaces the older record."""
-    parts = [record.get("benchmark"), record.get("rows"), record.get("dim"), record.get("method"),
-             record.get("index_type"), json.dumps(record.get("params", {}), sort_keys=True)]
+    """Identity of a case: a rerun with the same key replaces the older record. Sweep and curve points
+    are one case per index type and parameter set; every other benchmark keeps one record per
+    (rows, dim, method), the latest."""
+    parts = [record.get("benchmark"), record.get("rows"), record.get("dim"), record.get("method")]
+    if record.get("benchmark") in ("sweep", "curve"):
+        parts += [record.get("index_type"), json.dumps(record.get("params", {}), sort_keys=True)]
     return json.dumps(parts)
 
 

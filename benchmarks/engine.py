@@ -234,7 +234,9 @@ def run_engine_retrieval(rows: int, dim: int, out: Path, work: Path) -> list[Rec
         qps_concurrent=case["qps_concurrent"], concurrency=8, recall_at_10=case["recall_at_10"],
         peak_rss_mb=case["peak_rss_mb"], queries=case["queries"], index_type=case["index_type"] or "exact",
         index_build_s=meta["ingest"]["seconds"].get("index.entities"),
-        params={**(case["options"].get("vector_index") or {}), **{k: v for k, v in case["search_tuning"].items() if v is not None}}
+        params={**{k: v for k, v in (case["options"].get("vector_index") or {}).items()
+                   if v is not None and k not in ("type", "distance_type")},
+                **{k: v for k, v in case["search_tuning"].items() if v is not None}}
         if case["index_type"] else {"path": "exact in-memory"},
         extra={"open_s": case["open_s"], "first_query_ms": case["first_query_ms"],
                "data": "ingest.synthetic entities; queries = noisy copies of random entities"},

@@ -49,7 +49,7 @@ def candidates(rows: int, dim: int) -> list[tuple[VectorIndexConfig, list[dict]]
     ]
 
 
-async def sweep(rows: int, dim: int, n_queries: int, work: Path) -> list[dict]:
+async def sweep(rows: int, dim: int, n_queries: int, work: Path, types: list[str] | None = None) -> list[dict]:
     src = generate_index(work / f"src-{rows}-{dim}", n_entities=rows, dim=dim, seed=0)
     data = lance.dataset(str(src / "lancedb" / "entity_description.lance")).to_table()
     matrix = np.stack(data["vector"].to_numpy(zero_copy_only=False)).astype(np.float32)
@@ -62,6 +62,8 @@ async def sweep(rows: int, dim: int, n_queries: int, work: Path) -> list[dict]:
     table_data = pa.table({"row": np.arange(rows), "vector": data["vector"]})
     out = []
     for config, settings in candidates(rows, dim):
+        if types and config.type not in types:
+            continue
         table = await db.create_table(config.type.lower(), data=table_data, mode="overwrite")
         start = time.perf_counter()
         await table.create_index("vector", config=_vector_index(config, rows, dim), replace=True)
@@ -101,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--dims", type=int, nargs="+", default=[384, 1536])
     parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--types", nargs="+", default=None, help="subset of IVF_HNSW_SQ IVF_PQ IVF_FLAT")
     parser.add_argument("--work", type=Path, default=Path(__file__).resolve().parent / "work" / "index_choice")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     for rows in args.rows:
         for dim in args.dims:
-            records = asyncio.run(sweep(rows, dim, args.queries, args.work))
+            records = asyncio.run(sweep(rows, dim, args.queries, args.work, args.types))
             with RESULTS.open("a") as f:
                 for record in records:
                     f.write(json.dumps(record) + "\n")

@@ -10,6 +10,7 @@ fresh draws from the same distribution. Chunk i is generated from seed (seed, di
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import time
@@ -100,8 +101,16 @@ def dataset_dir(root: Path, rows: int, dim: int, seed: int) -> Path:
 
 def prepare_dataset(root: str, rows: int, dim: int, queries: int, seed: int = 7) -> dict:
     """Write the LanceDB table and exact top-100 ground truth for `queries` queries, unless a
-    complete copy exists. Returns paths and timings. Streams: memory stays O(chunk)."""
+    complete copy exists. Returns paths and timings. Streams: memory stays O(chunk). Locked, so
+    concurrent benchmark runs wait for one writer instead of clobbering each other."""
     out = dataset_dir(Path(root), rows, dim, seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _prepare_locked(out, rows, dim, queries, seed)
+
+
+def _prepare_locked(out: Path, rows: int, dim: int, queries: int, seed: int) -> dict:
     meta_path = out / "dataset.json"
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())

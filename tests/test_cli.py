@@ -144,8 +144,10 @@ def test_serve_runs_the_service_until_sigterm(service_db):
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
+    # uvicorn re-raises the captured SIGTERM once shutdown is complete, the conventional exit status.
+    assert proc.returncode in (0, -signal.SIGTERM), stderr
     assert f"serving {service_db}" in stderr
+    assert "Application shutdown complete" in stderr
 
 
 @pytest.mark.slow

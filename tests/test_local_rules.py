@@ -14,7 +14,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
+import polars as pl
 import pytest
 import pytest_asyncio
 
@@ -45,11 +45,18 @@ UNIT_RELATIONSHIPS = {"t0": [0, 5], "t1": [1, 3], "t2": [2, 4, 6]}  # relationsh
 CLAIMS = [("B", "claim about B"), ("A", "first claim about A"), ("A", "second claim about A")]
 
 
+def _write(columns: dict, path: Path) -> None:
+    """Write a parquet file; scalar values are repeated over the rows."""
+    rows = max(len(v) for v in columns.values() if isinstance(v, (list, range)))
+    data = {k: list(v) if isinstance(v, (list, range)) else [v] * rows for k, v in columns.items()}
+    pl.DataFrame(data).write_parquet(path)
+
+
 def _write_index(folder: Path) -> None:
     eid = {t: f"e-{t}" for t in TITLES}
     rid = [f"r-{i}" for i in range(len(RELATIONSHIPS))]
     degree = {t: sum(t in (s, o) for s, o, _, _ in RELATIONSHIPS) for t in TITLES}
-    pd.DataFrame({
+    _write({
         "id": [eid[t] for t in TITLES],
         "human_readable_id": range(len(TITLES)),
         "title": TITLES,
@@ -58,8 +65,8 @@ def _write_index(folder: Path) -> None:
         "text_unit_ids": [ENTITY_UNITS.get(t, ["t0"]) for t in TITLES],
         "frequency": 1,
         "degree": [degree[t] for t in TITLES],
-    }).to_parquet(folder / "entities.parquet")
-    pd.DataFrame({
+    }, folder / "entities.parquet")
+    _write({
         "id": rid,
         "human_readable_id": range(len(RELATIONSHIPS)),
         "source": [r[0] for r in RELATIONSHIPS],
@@ -68,7 +75,7 @@ def _write_index(folder: Path) -> None:
         "weight": 1.0,
         "combined_degree": [r[2] for r in RELATIONSHIPS],
         "text_unit_ids": [r[3] for r in RELATIONSHIPS],
-    }).to_parquet(folder / "relationships.parquet")
+    }, folder / "relationships.parquet")
     common = {
         "id": [f"c-{c[0]}" for c in COMMUNITIES],
         "human_readable_id": [c[0] for c in COMMUNITIES],
@@ -80,13 +87,13 @@ def _write_index(folder: Path) -> None:
         "period": "2024-01-01",
         "size": [len(c[3]) for c in COMMUNITIES],
     }
-    pd.DataFrame({
+    _write({
         **common,
         "entity_ids": [[eid[t] for t in c[3]] for c in COMMUNITIES],
         "relationship_ids": [[] for _ in COMMUNITIES],
         "text_unit_ids": [["t0"] for _ in COMMUNITIES],
-    }).to_parquet(folder / "communities.parquet")
-    pd.DataFrame({
+    }, folder / "communities.parquet")
+    _write({
         **common,
         "id": [f"report-{c[0]}" for c in COMMUNITIES],
         "title": [f"Report {c[0]}" for c in COMMUNITIES],
@@ -96,9 +103,9 @@ def _write_index(folder: Path) -> None:
         "rating_explanation": "because",
         "findings": [[{"summary": "s", "explanation": "e"}] for _ in COMMUNITIES],
         "full_content_json": "{}",
-    }).to_parquet(folder / "community_reports.parquet")
+    }, folder / "community_reports.parquet")
     units = ["t0", "t1", "t2"]
-    pd.DataFrame({
+    _write({
         "id": units,
         "human_readable_id": range(len(units)),
         "text": [f"text of {u}" for u in units],
@@ -107,8 +114,8 @@ def _write_index(folder: Path) -> None:
         "entity_ids": [[eid[t] for t, us in ENTITY_UNITS.items() if u in us] for u in units],
         "relationship_ids": [[rid[i] for i in UNIT_RELATIONSHIPS[u]] for u in units],
         "covariate_ids": [[] for _ in units],
-    }).to_parquet(folder / "text_units.parquet")
-    pd.DataFrame({
+    }, folder / "text_units.parquet")
+    _write({
         "id": [f"cv-{i}" for i in range(len(CLAIMS))],
         "human_readable_id": range(len(CLAIMS)),
         "covariate_type": "claim",
@@ -121,11 +128,11 @@ def _write_index(folder: Path) -> None:
         "end_date": "NONE",
         "source_text": "quote",
         "text_unit_id": "t0",
-    }).to_parquet(folder / "covariates.parquet")
-    pd.DataFrame({
+    }, folder / "covariates.parquet")
+    _write({
         "id": ["doc-0"], "human_readable_id": [0], "title": ["doc"], "text": ["all"], "text_unit_ids": [units],
-        "creation_date": ["2024-01-01"], "metadata": [None],
-    }).to_parquet(folder / "documents.parquet")
+        "creation_date": ["2024-01-01"],
+    }, folder / "documents.parquet")
 
 
 @pytest.fixture(scope="module")

@@ -117,3 +117,13 @@ def test_same_model_with_provider_prefix_is_compatible():
     check_embedding_compatibility(
         _stored(64, "openai/text-embedding-3-large"), HashEmbedder(64, model_id="text-embedding-3-large")
     )
+
+
+def test_azure_env_selects_azure_backend(clean_env):
+    clean_env.setenv("AZURE_OPENAI_ENDPOINT", "https://example.openai.azure.com/")
+    clean_env.setenv("AZURE_OPENAI_API_KEY", "az-key")
+    clean_env.setenv("OPENAI_API_VERSION", "2024-10-21")
+    s = default_model_settings()
+    assert (s.chat_backend, s.embedding_backend) == ("azure", "azure")
+    assert s.azure_endpoint == "https://example.openai.azure.com"
+    assert s.api_key.get_secret_value() == "az-key" and s.api_version == "2024-10-21"

@@ -224,7 +224,7 @@ async def test_explicit_prompt_mode_sends_no_response_format(openai_server, open
 
 
 async def test_concurrency_limit_never_exceeded_under_50_calls(openai_server, openai_settings):
-    openai_server.on_chat = lambda request: Reply(text="ok", delay=0.02)
+    openai_server.on_chat = lambda request: Reply(text="ok", delay=0.1)
     chat = _chat(openai_settings, max_concurrency=5)
     results = await asyncio.gather(*(chat.complete(USER) for _ in range(50)))
     assert [r.text for r in results] == ["ok"] * 50

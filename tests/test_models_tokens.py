@@ -5,11 +5,10 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+import tiktoken  # the reference implementation (a core dependency)
 
 from drift_lance.models import tokens
 from drift_lance.models.tokens import encoding_for_model, get_tokenizer
-
-tiktoken = pytest.importorskip("tiktoken")  # the reference implementation (dev dependency)
 
 ENCODINGS = ("o200k_base", "cl100k_base")
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings/{}.tiktoken"

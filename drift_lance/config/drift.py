@@ -77,7 +77,12 @@ class DRIFTSearchConfig(BaseModel):
     response_type: str = Field("multiple paragraphs", min_length=1, description="Target length and format of the answers.")
     action_ranking: Literal["random", "parent_score"] = Field("random", description="Order of open actions: the reference's random order, or best parent score first.")
     seed: int | None = Field(None, description="Seed of the HyDE template pick and the random action order (reproducible runs).")
-    llm_timeout: float | None = Field(180.0, gt=0, description="Seconds one LLM call may take (for streams: the wait for the next token); None = no limit.")
+    llm_timeout: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds one LLM call may take, retries included (streams: the wait for the next token). "
+        "None: rely on the model's own request timeout (models.request_timeout) and retries.",
+    )
 
     @model_validator(mode="after")
     def _props_fit_budget(self) -> DRIFTSearchConfig:

@@ -95,8 +95,8 @@ class ModelSettings(BaseSettings):
         if azure_endpoint and api_key is None and env.get("AZURE_OPENAI_API_KEY"):
             updates["api_key"] = _secret(env["AZURE_OPENAI_API_KEY"])
 
-        remote = "azure" if self.azure_endpoint else "openai"
-        has_endpoint = bool(base_url or api_key or self.azure_endpoint)
+        remote = "azure" if azure_endpoint else "openai"
+        has_endpoint = bool(base_url or api_key or azure_endpoint)
         chat = self.chat_backend if self.chat_backend != "auto" else (remote if has_endpoint else "local")
         embed = self.embedding_backend
         if embed == "auto":

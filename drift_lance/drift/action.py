@@ -19,20 +19,25 @@ __all__ = ["ActionAnswer", "DriftAction", "PrimerFoldAnswer", "normalize_query"]
 NEG_INF = float("-inf")
 
 
+# Field order is generation order for schema- or grammar-constrained models: the short fields come
+# first, so an answer cut off by an output-token cap loses the end of its text, not its score and
+# follow-ups (the structured-output layer closes the cut string).
+
+
 class ActionAnswer(BaseModel):
     """Structured output of one follow-up (local search) call."""
 
-    response: str = Field(description="The answer, formatted in markdown.")
-    score: float = Field(description="0-100: how well the answer addresses the overall question.")
+    score: float = Field(description="0-100: how well the answer helps with the overall question.")
     follow_up_queries: list[str] = Field(default_factory=list)
+    response: str = Field(description="The answer, formatted in markdown.")
 
 
 class PrimerFoldAnswer(BaseModel):
     """Structured output of one primer call (one fold of community reports)."""
 
-    intermediate_answer: str
     score: float
     follow_up_queries: list[str] = Field(default_factory=list)
+    intermediate_answer: str
 
 
 def normalize_query(query: str) -> str:

@@ -39,7 +39,7 @@ class SearchResult(BaseModel):
 def to_jsonable(value: Any) -> Any:
     """Recursively turn numpy / polars / datetime values into plain JSON types. Non-finite floats
     become strings ("-inf", "inf", "nan") so the output stays valid JSON."""
-    if isinstance(value, float) or isinstance(value, np.floating):
+    if isinstance(value, (float, np.floating)):
         number = float(value)
         return number if math.isfinite(number) else _nonfinite_text(number)
     if value is None or isinstance(value, (str, bool, int)):

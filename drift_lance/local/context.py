@@ -380,11 +380,13 @@ class LocalContextBuilder:
             links_memory=self._links_memory if cfg.carry_relationship_links else None,
         )
 
+        # Row tuples once: each step re-renders a prefix of them.
+        relationship_rows = relationships.select("human_readable_id", "source", "target", "description", "weight").rows()
         kept_parts: list[str] = []
         kept: dict[str, RenderedSection] = {}
         for index in range(len(titles)):
             step = steps.step(index, index + 1)
-            rel_section = self._relationship_section(steps.frame, step.order, step.links, relationship_header, budget, counter, delimiter)
+            rel_section = self._relationship_section(relationship_rows, step.order, step.links, relationship_header, budget, counter, delimiter)
             parts = [rel_section.text]
             total = entities.tokens + rel_section.tokens
             current = {"relationships": rel_section}
@@ -418,7 +420,7 @@ class LocalContextBuilder:
 
     def _relationship_section(
         self,
-        frame: pl.DataFrame,
+        frame: list[tuple[Any, ...]],
         order: np.ndarray,
         links: np.ndarray,
         header: list[str],
@@ -432,14 +434,14 @@ class LocalContextBuilder:
         # graphrag adds a `links` column when the first record carries a links attribute.
         with_links = bool(links[order[0]])
         full_header = header + (["links"] if with_links else [])
-        picked = frame[order.tolist()]
         picked_links = links[order].tolist()
 
         def rows() -> Iterator[list[str]]:
-            for rel, link in zip(picked.iter_rows(named=True), picked_links):
-                row = [_short_id(rel["human_readable_id"]), rel["source"], rel["target"], _text(rel["description"])]
+            for position, link in zip(order.tolist(), picked_links):
+                hrid, source, target, description, weight = frame[position]
+                row = [_short_id(hrid), source, target, _text(description)]
                 if with_weight:
-                    row.append(str(rel["weight"]) if rel["weight"] else "")
+                    row.append(str(weight) if weight else "")
                 if with_links:
                     row.append(str(link) if link else "")
                 yield row

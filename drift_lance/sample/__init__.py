@@ -48,16 +48,18 @@ relationships, 19 claims and 12 communities (4 at level 0: restoration, headland
 fleet, town; 8 sub-communities at level 1), each with a graphrag-style community report.
 """
 
-# Needs several communities: restoration (Trust, funding), headland (terns, cliff, council) and
-# keepers/fleet (fishermen, Authority), so DRIFT's primer has to fan out across reports.
+# Needs all three main themes: with the embedded e5 embedder its four nearest community reports are
+# restoration (0), headland (1), fleet (11) and keepers (2), so DRIFT's primer has to fan out.
 SAMPLE_QUERY = (
-    "How did the tern colony, the storm-damaged North Cliff and the fishermen's campaign each shape "
-    "the timetable and funding of the Harrowgate Point Lighthouse restoration?"
+    "What obstacles did the Harrowgate Light Trust face in restoring and relighting the lighthouse, "
+    "from the terns and the eroding cliff to the fishermen and the Coastal Lights Authority, "
+    "and how was each resolved?"
 )
 
 # More questions for trying other search modes on the sample.
 SAMPLE_QUESTIONS = (
     SAMPLE_QUERY,
+    "How did the tern colony and the storm-damaged North Cliff shape the restoration's timetable and funding?",
     "Who is Ruth Marsh and how is her family connected to the lighthouse?",
     "What conditions did the March 2023 planning hearing attach to the restoration, and why?",
     "Which claims about the project are disputed or false?",

@@ -147,7 +147,9 @@ def load_sample_corpus(source_dir: Path | None = None) -> SampleCorpus:
         for unit in doc.units:
             path = source_dir / DOCUMENTS_DIR / unit
             if not path.is_file():
-                raise SampleCorpusError(f"{source_dir / CORPUS_FILE}: document {doc.title!r} lists unit {unit!r}, but {path} does not exist")
+                raise SampleCorpusError(
+                    f"{source_dir / CORPUS_FILE}: document {doc.title!r} lists unit {unit!r}, but {path} does not exist"
+                )
             if unit in unit_texts:
                 raise SampleCorpusError(f"{source_dir / CORPUS_FILE}: unit {unit!r} is listed twice")
             text = path.read_text(encoding="utf-8").strip()
@@ -337,7 +339,9 @@ def derive_tables(sample: SampleCorpus, *, encoding: str = TOKEN_ENCODING) -> di
     for title, unit_ids in entity_units.items():
         if not unit_ids:
             aliases = sorted({title, *entity_specs[title].aliases})
-            raise SampleCorpusError(f"{corpus_file}: entities: {title!r} is not mentioned in any text unit (aliases {aliases})")
+            raise SampleCorpusError(
+                f"{corpus_file}: entities: {title!r} is not mentioned in any text unit (aliases {aliases})"
+            )
 
     # Relationships: endpoints must exist; a relationship is evidenced by every unit naming both ends.
     seen_pairs: set[frozenset[str]] = set()
@@ -427,9 +431,13 @@ def _derive_communities(
     for node in flat:
         for title in node.spec.entities:
             if title not in entity_specs:
-                raise SampleCorpusError(f"{communities_file}: community {node.spec.key!r}: {title!r} is not an entity title")
+                raise SampleCorpusError(
+                    f"{communities_file}: community {node.spec.key!r}: {title!r} is not an entity title"
+                )
             if title in listed:
-                raise SampleCorpusError(f"{communities_file}: {title!r} is listed in both {listed[title]!r} and {node.spec.key!r}")
+                raise SampleCorpusError(
+                    f"{communities_file}: {title!r} is listed in both {listed[title]!r} and {node.spec.key!r}"
+                )
             listed[title] = node.spec.key
     unassigned = [t for t in entity_specs if t not in listed]
     if unassigned:
@@ -490,7 +498,9 @@ def _render_finding(
     for source, target in finding.relationships:
         rel = rel_by_pair.get(_pair(source, target))
         if rel is None or rel["id"] not in community_rel_ids:
-            raise SampleCorpusError(f"{where}: relationship {source} -> {target} is not a relationship of this community")
+            raise SampleCorpusError(
+                f"{where}: relationship {source} -> {target} is not a relationship of this community"
+            )
         rel_refs.append(rel["human_readable_id"])
     explanation = " ".join(finding.explanation.split()).rstrip(".")
     return {"summary": finding.summary, "explanation": f"{explanation}{_data_reference(entity_refs, rel_refs)}."}

@@ -19,18 +19,32 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from drift_lance import __version__
+from drift_lance.config.drift import DRIFTSearchConfig
+from drift_lance.config.local import LocalSearchConfig
+from drift_lance.config.service import RequestCaps
 from drift_lance.config.settings import Settings
 from drift_lance.drift.result import SearchResult
 from drift_lance.errors import ConfigError, USER_ERRORS
 from drift_lance.models.base import ModelError
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, error_responses, install_error_handlers
-from drift_lance.service.limits import BodySizeLimit, SearchSlots, resolve_search_config
+from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
 
 log = logging.getLogger("drift_lance.service")
 
 OPEN_PATHS = ("/healthz", "/readyz")
+
+
+def _override_properties() -> dict[str, Any]:
+    """JSON schema of every per-request overridable field (DRIFT's and local search's), so the
+    OpenAPI document tells clients what `config` accepts."""
+    properties: dict[str, Any] = {}
+    for model in (DRIFTSearchConfig, LocalSearchConfig):
+        schema = model.model_json_schema()["properties"]
+        for name in sorted(overridable_fields(model, RequestCaps().server_only)):
+            properties.setdefault(name, schema[name])
+    return properties
 
 
 class SearchRequest(BaseModel):
@@ -41,7 +55,9 @@ class SearchRequest(BaseModel):
     config: dict[str, Any] = Field(
         default_factory=dict,
         description="Per-request overrides of numeric/boolean fields of the method's config "
-        "(DRIFTSearchConfig for drift, LocalSearchConfig for local), within the server's caps.",
+        "(DRIFTSearchConfig fields for drift, LocalSearchConfig fields for local), within the server's "
+        "caps; other fields are rejected with 422.",
+        json_schema_extra={"properties": _override_properties(), "additionalProperties": False},
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -107,19 +108,41 @@ class EngineBackend:
         return stream.result
 
     async def _local(self, query: str, config: Any, on_event: EventSink | None) -> SearchResult:
-        from drift_lance.local import LocalSearch
+        from drift_lance.local import LocalContextBuilder, LocalSearch
+        from drift_lance.models.tokens import get_tokenizer
 
-        search = LocalSearch(store=self._store, chat_model=self._chat, embedder=self._embedder, config=config)
+        builder = LocalContextBuilder(self._store, tokenizer=get_tokenizer(config.encoding), config=config)
+        search = LocalSearch(self._chat, builder, embedder=self._embedder, config=config)
         if on_event is None:
             return await search.search(query)
-        stream = search.stream_search(query)
-        try:
-            async for delta in stream:
-                on_event(SearchEvent("token", {"text": delta}))
-        finally:
-            await stream.aclose()
-        assert stream.result is not None
-        return stream.result
+        return await _stream_local(search, query, on_event)
+
+
+async def _stream_local(search: Any, query: str, on_event: EventSink) -> SearchResult:
+    """A streamed local search that also yields the SearchResult (LocalSearch.stream_search only
+    yields text): same context, prompt and timeout rule as `LocalSearch.search`."""
+    from drift_lance.local.search import _result as local_result
+    from drift_lance.models.base import ModelError
+
+    started = time.perf_counter()
+    context = await search.build_context(query)
+    stream = search.model.stream(search.messages(query, context), params=search.params)
+    deltas = aiter(stream)
+    parts: list[str] = []
+    timeout = search.config.llm_timeout
+    try:
+        while True:
+            try:
+                delta = await asyncio.wait_for(anext(deltas), timeout)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise ModelError(f"local search stream sent nothing for {timeout:g} s (llm_timeout)") from None
+            parts.append(delta)
+            on_event(SearchEvent("token", {"text": delta}))
+    finally:
+        await stream.aclose()
+    return local_result("".join(parts), context, stream.usage, started)
 
 
 class _EventCallbacks(DriftCallbacks):

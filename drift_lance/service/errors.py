@@ -71,7 +71,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict]:
     return {s: {"model": ErrorResponse, "description": descriptions[s]} for s in statuses}
 
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 401: "unauthorized"}
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 401: "unauthorized"}
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -403,8 +403,8 @@ class FakeOpenAIServer:
             events.append({**base, "choices": [], "usage": self._usage(request, text)})
         head = ["HTTP/1.1 200 OK", "Content-Type: text/event-stream", "Cache-Control: no-cache",
                 "Transfer-Encoding: chunked", *(f"{k}: {v}" for k, v in reply.headers.items())]
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
         request.status = 200
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
         for event in events:
             if reply.chunk_delay:
                 await self._wait(reader, writer, reply.chunk_delay)
@@ -431,8 +431,8 @@ class FakeOpenAIServer:
             data, ctype = bytes(body), "application/json"
         head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"Content-Type: {ctype}",
                 f"Content-Length: {len(data)}", *(f"{k}: {v}" for k, v in headers.items())]
+        request.status = status  # before writing: the client may look as soon as the bytes arrive
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
-        request.status = status
         await writer.drain()
 
 

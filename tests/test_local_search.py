@@ -1,0 +1,102 @@
+"""`local` search: context from the LanceDB builder + one answer from the chat model (blocking and
+streamed), with the local-search system prompt. The model is a scripted double; the store is the
+real ingested dulce index."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drift_lance.config.local import LocalSearchConfig
+from drift_lance.errors import ConfigError, EmbeddingMismatchError
+from drift_lance.local import LocalContextBuilder, LocalSearch, load_local_prompt
+from drift_lance.models.base import ModelError
+from drift_lance.testing import HashEmbedder, ScriptedChatModel
+
+ANSWER = "The squad runs Operation: Dulce [Data: Entities (4, 5); Relationships (4)]."
+
+
+@pytest.fixture
+def query_vector(golden_local_context) -> np.ndarray:
+    return np.asarray(golden_local_context["cases"][12]["query_vector"], dtype=np.float32)
+
+
+async def test_search_sends_context_in_system_prompt_and_returns_answer(dulce_store, query_vector):
+    model = ScriptedChatModel([ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store))
+    result = await search.search("Who runs Operation: Dulce?", query_vector=query_vector, response_type="one paragraph")
+
+    assert result.response == ANSWER
+    context = await LocalContextBuilder(dulce_store).build("", query_vector=query_vector)
+    assert result.context_text == context.context_text
+    assert [r["id"] for r in result.context_data["entities"]] == context.record_ids("entities")
+    (call,) = model.calls
+    system, user = call.messages
+    assert system.role == "system" and user.role == "user" and user.content == "Who runs Operation: Dulce?"
+    assert context.context_text in system.content
+    assert "---Target response length and format---\n\none paragraph\n" in system.content
+    assert result.llm_calls == 1 and result.prompt_tokens > context.token_count and result.output_tokens > 0
+    assert result.llm_calls_categories == {"build_context": 0, "response": 1}
+
+
+async def test_stream_search_yields_the_answer_in_deltas(dulce_store, query_vector):
+    model = ScriptedChatModel([ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store))
+    deltas = [d async for d in search.stream_search("Who runs it?", query_vector=query_vector)]
+    assert len(deltas) > 1 and "".join(deltas) == ANSWER
+    assert model.calls[0].kind == "stream"
+
+
+async def test_answer_timeout_raises_model_error(dulce_store, query_vector):
+    model = ScriptedChatModel([ANSWER], delay=30)
+    config = LocalSearchConfig(llm_timeout=0.05)
+    search = LocalSearch(model, LocalContextBuilder(dulce_store, config=config))
+    with pytest.raises(ModelError, match="llm_timeout"):
+        await search.search("q", query_vector=query_vector)
+    with pytest.raises(ModelError, match="llm_timeout"):
+        async for _ in search.stream_search("q", query_vector=query_vector):
+            pass
+    assert model.in_flight == 0  # the timed-out calls were cancelled
+
+
+async def test_conversation_history_opens_the_context(dulce_store, query_vector):
+    model = ScriptedChatModel([ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store))
+    history = [
+        {"role": "user", "content": "Who is Alex Mercer?"},
+        {"role": "assistant", "content": "An agent."},
+    ]
+    result = await search.search("And his team?", query_vector=query_vector, conversation_history=history)
+    assert result.context_text.startswith("-----Conversation History-----\nturn|content\nuser|Who is Alex Mercer?\n\n")
+    with pytest.raises(ConfigError, match=r"conversation_history\[0\]\.role"):
+        await search.search("q", query_vector=query_vector, conversation_history=[{"role": "bot", "content": "x"}])
+
+
+async def test_embedder_must_match_the_index_vectors(dulce_store):
+    search = LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store), embedder=HashEmbedder(64))
+    with pytest.raises(EmbeddingMismatchError, match="3072"):
+        await search.search("Who runs Operation: Dulce?")
+
+
+async def test_query_is_embedded_as_a_query_when_no_vector_is_given(dulce_store):
+    embedder = HashEmbedder(3072)
+    model = ScriptedChatModel([ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store), embedder=embedder)
+    result = await search.search("Who runs Operation: Dulce?")
+    expected = await LocalContextBuilder(dulce_store).build(
+        "", query_vector=(await embedder.embed(["Who runs Operation: Dulce?"], kind="query"))[0]
+    )
+    assert result.context_text == expected.context_text
+
+
+def test_prompt_placeholders_are_checked(tmp_path):
+    bundled = load_local_prompt()
+    assert "{context_data}" in bundled and "{response_type}" in bundled
+    bad = tmp_path / "prompt.txt"
+    bad.write_text("Tables: {context_data} for {user}")
+    with pytest.raises(ConfigError, match=r"prompt\.txt.*user"):
+        load_local_prompt(bad)
+    missing = tmp_path / "none.txt"
+    missing.write_text("no tables")
+    with pytest.raises(ConfigError, match="context_data"):
+        load_local_prompt(missing)
