@@ -28,7 +28,6 @@ DEMO_DRIFT: dict[str, Any] = {
     "data_max_tokens": 2_000,
     "local_search_llm_max_gen_tokens": 256,
     "reduce_max_tokens": 300,
-    "reduce_temperature": 0.5,
     "concurrency": 2,
     "seed": 42,
 }
