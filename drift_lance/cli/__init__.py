@@ -36,8 +36,15 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return USER_ERRORS
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (no usage dump) and exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="drift-lance",
         description="GraphRAG DRIFT search on LanceDB: ingest once, query fast.",
     )

@@ -24,6 +24,8 @@ DEMO_DRIFT: dict[str, Any] = {
     "primer_folds": 1,
     "n_depth": 1,
     "primer_llm_max_tokens": 3_000,
+    "hyde_max_tokens": 200,  # SmolLM2 otherwise writes 512 tokens of HyDE before the primer starts
+    "llm_timeout": None,
     "local_search_max_data_tokens": 2_500,
     "data_max_tokens": 2_000,
     "local_search_llm_max_gen_tokens": 256,

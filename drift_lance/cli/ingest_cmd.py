@@ -8,8 +8,9 @@ import sys
 from typing import Any, TextIO
 
 # Lance logs "No existing dataset at ..., it will be created" for every new table at WARN level;
-# that is expected on a first ingest, so only errors reach the user (set LANCE_LOG to override).
+# that is expected on a first ingest, so only errors reach the user (set LANCE_LOG / LANCEDB_LOG to override).
 os.environ.setdefault("LANCE_LOG", "error")
+os.environ.setdefault("LANCEDB_LOG", "error")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -62,8 +62,6 @@ def run(args: argparse.Namespace) -> int:
     if not db:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     result = asyncio.run(_search(args, settings, search_config, db))
-    if result is None:  # streamed local search: the answer is all there is
-        return 0
     if args.json:
         print(json.dumps(result.model_dump(mode="json"), ensure_ascii=False, indent=2, allow_nan=False))
     else:
@@ -101,7 +99,7 @@ def _is_graphrag_settings(data: dict[str, Any]) -> bool:
     return any(key in data for key in _GRAPHRAG_ONLY_KEYS)
 
 
-async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str) -> SearchResult | None:
+async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str) -> SearchResult:
     from drift_lance._lance_store import open_store
     from drift_lance.models import get_chat_model, get_embedder
 
@@ -142,9 +140,8 @@ def _drift_search(store: Any, chat: Any, embedder: Any, settings: Any, config: A
     )
 
 
-async def _run_search(search: Any, args: argparse.Namespace, callbacks: list[DriftCallbacks]) -> SearchResult | None:
-    """Print the answer (streamed or whole) and return the SearchResult (None for a streamed local
-    search, whose stream carries no result)."""
+async def _run_search(search: Any, args: argparse.Namespace, callbacks: list[DriftCallbacks]) -> SearchResult:
+    """Print the answer (streamed or whole) and return the SearchResult."""
     kwargs = {"callbacks": callbacks} if callbacks else {}
     if not args.stream:
         result = await search.search(args.query, **kwargs)
@@ -159,7 +156,8 @@ async def _run_search(search: Any, args: argparse.Namespace, callbacks: list[Dri
     finally:
         await stream.aclose()
     sys.stdout.write("\n")
-    return getattr(stream, "result", None)
+    assert stream.result is not None
+    return stream.result
 
 
 def _answer_text(response: Any) -> str:

@@ -74,6 +74,7 @@ class DRIFTSearchConfig(BaseModel):
     # --- drift-lance extensions ---
     primer_prompt: str | None = Field(None, description="Primer prompt file ({query}, {community_reports}, {followups}).")
     hyde_prompt: str | None = Field(None, description="HyDE expansion prompt file ({query}, {template}).")
+    hyde_max_tokens: int | None = Field(None, gt=0, description="Cap on the HyDE expansion's output tokens (None: the model's default, as graphrag).")
     response_type: str = Field("multiple paragraphs", min_length=1, description="Target length and format of the answers.")
     action_ranking: Literal["random", "parent_score"] = Field("random", description="Order of open actions: the reference's random order, or best parent score first.")
     seed: int | None = Field(None, description="Seed of the HyDE template pick and the random action order (reproducible runs).")

@@ -39,13 +39,21 @@ class ModelSettings(BaseSettings):
     """How to reach the chat model and the embedder. Fields left at "auto"/None are filled in by
     `resolve()` from the environment (see module docstring)."""
 
-    model_config = SettingsConfigDict(env_prefix="DRIFT_LANCE_", extra="ignore", validate_assignment=True)
+    model_config = SettingsConfigDict(
+        env_prefix="DRIFT_LANCE_", extra="ignore", validate_assignment=True, populate_by_name=True
+    )
 
     # -- chat
     chat_backend: str = Field("auto", description='"auto", "openai", "azure", "local", or a registered name')
     chat_model: str | None = Field(None, description="model id (Azure: the deployment name if `deployment` unset)")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://localhost:8080/v1")
-    api_key: SecretStr | None = Field(None, description="falls back to OPENAI_API_KEY")
+    # Not DRIFT_LANCE_API_KEY: that is the HTTP service's bearer token, which must never be sent to a
+    # model provider.
+    api_key: SecretStr | None = Field(
+        None,
+        validation_alias="DRIFT_LANCE_MODEL_API_KEY",
+        description="env DRIFT_LANCE_MODEL_API_KEY; falls back to OPENAI_API_KEY",
+    )
     organization: str | None = None
     # -- Azure OpenAI
     azure_endpoint: str | None = Field(None, description="https://<resource>.openai.azure.com")
@@ -75,6 +83,17 @@ class ModelSettings(BaseSettings):
     llama_n_ctx: int = Field(8192, ge=256, description="context window in tokens")
     llama_n_threads: int | None = Field(None, ge=1, description="CPU threads (default: llama.cpp's choice)")
     llama_seed: int = 0
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        # populate_by_name would also read DRIFT_LANCE_API_KEY (prefix + field name) into api_key;
+        # only the alias DRIFT_LANCE_MODEL_API_KEY may set it from the environment.
+        def env_without_service_token() -> dict:
+            values = env_settings()
+            values.pop("api_key", None)
+            return values
+
+        return (init_settings, env_without_service_token, dotenv_settings, file_secret_settings)
 
     @field_validator("base_url", "embedding_base_url", "azure_endpoint")
     @classmethod

@@ -162,16 +162,14 @@ _SECTION_ALIASES = {"drift_search": "drift", "local_search": "local"}
 
 
 def _model_settings(section: Any, source: Path | None) -> ModelSettings:
-    """File values for `models`, overridden by ModelSettings' own DRIFT_LANCE_<FIELD> variables.
-    DRIFT_LANCE_API_KEY is the service's bearer token, never the model endpoint's key: sending it to
-    a model provider would leak it, so `api_key` comes from the file (or OPENAI_API_KEY) only."""
+    """File values for `models`, overridden by ModelSettings' own DRIFT_LANCE_<FIELD> variables
+    (the model key is DRIFT_LANCE_MODEL_API_KEY; DRIFT_LANCE_API_KEY is the service's token)."""
     if section is not None and not isinstance(section, dict):
         raise ConfigError(f"config file {source}: section 'models' must be a table/mapping")
     try:
         from_env = ModelSettings()
-        env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set if name != "api_key"}
-        # Init values beat the environment in a BaseSettings, so api_key is always passed explicitly.
-        return ModelSettings(**{**(section or {}), **env_values, "api_key": (section or {}).get("api_key")})
+        env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set}
+        return ModelSettings(**{**(section or {}), **env_values})
     except ValidationError as exc:
         where = f"config file {source}" if source is not None else "model settings"
         raise ConfigError(f"{where}: {describe_validation_error(exc, prefix='models')}") from None

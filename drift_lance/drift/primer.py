@@ -138,7 +138,9 @@ class DRIFTPrimer:
         template = await self._template_report()
         prompt = self.prompts.hyde.format(query=query, template=template)
         try:
-            result = await self.chat.complete([Message("user", prompt)])
+            result = await self.chat.complete(
+                [Message("user", prompt)], params=ChatParams(max_tokens=self.config.hyde_max_tokens)
+            )
         except ModelError as exc:
             log.warning("HyDE expansion failed (%s); embedding the query as is", exc)
             return query, failed_call_usage(exc)

@@ -8,7 +8,7 @@ from drift_lance.local.context import (
     check_embedder_compatible,
 )
 from drift_lance.local.history import ConversationHistory
-from drift_lance.local.search import LocalSearch, load_local_prompt
+from drift_lance.local.search import LocalSearch, LocalStream, load_local_prompt
 
 __all__ = [
     "SECTIONS",
@@ -16,6 +16,7 @@ __all__ = [
     "LocalContext",
     "LocalContextBuilder",
     "LocalSearch",
+    "LocalStream",
     "build_local_context",
     "check_embedder_compatible",
     "load_local_prompt",

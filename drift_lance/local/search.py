@@ -108,7 +108,7 @@ class LocalSearch:
             raise ModelError(f"local search answer timed out after {self.config.llm_timeout:g} s (llm_timeout)") from None
         return _result(result.text, context, result.usage, started)
 
-    async def stream_search(
+    def stream_search(
         self,
         query: str,
         *,
@@ -116,25 +116,61 @@ class LocalSearch:
         conversation_history: Any = None,
         response_type: str | None = None,
         **overrides: Any,
-    ) -> AsyncIterator[str]:
-        """Answer text deltas. The context is built before the first delta; closing the iterator
-        early cancels the model call."""
-        context = await self.build_context(query, query_vector=query_vector, conversation_history=conversation_history, **overrides)
-        stream = self.model.stream(self.messages(query, context, response_type), params=self.params)
+    ) -> LocalStream:
+        """Answer text deltas; the stream's `result` is set once it is exhausted. The context is
+        built before the first delta; closing the stream early cancels the model call."""
+        return LocalStream(
+            self, query, query_vector=query_vector, conversation_history=conversation_history,
+            response_type=response_type, overrides=overrides,
+        )
+
+
+class LocalStream:
+    """Text deltas of one local search; `result` (a SearchResult) is set once it is exhausted."""
+
+    def __init__(self, search: LocalSearch, query: str, *, query_vector: Any, conversation_history: Any,
+                 response_type: str | None, overrides: dict[str, Any]):
+        self._search = search
+        self._query = query
+        self._kwargs = dict(query_vector=query_vector, conversation_history=conversation_history, **overrides)
+        self._response_type = response_type
+        self._gen: AsyncIterator[str] | None = None
+        self.result: SearchResult | None = None
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        if self._gen is None:
+            self._gen = self._run()
+        return self._gen
+
+    async def _run(self) -> AsyncIterator[str]:
+        search = self._search
+        started = time.perf_counter()
+        context = await search.build_context(self._query, **self._kwargs)
+        stream = search.model.stream(search.messages(self._query, context, self._response_type), params=search.params)
         deltas = aiter(stream)
+        timeout = search.config.llm_timeout
+        parts: list[str] = []
         try:
             while True:
                 try:
-                    delta = await asyncio.wait_for(anext(deltas), self.config.llm_timeout)
+                    delta = await asyncio.wait_for(anext(deltas), timeout)
                 except StopAsyncIteration:
-                    return
+                    break
                 except TimeoutError:
-                    raise ModelError(
-                        f"local search stream sent nothing for {self.config.llm_timeout:g} s (llm_timeout)"
-                    ) from None
+                    raise ModelError(f"local search stream sent nothing for {timeout:g} s (llm_timeout)") from None
+                parts.append(delta)
                 yield delta
         finally:
             await stream.aclose()
+        self.result = _result("".join(parts), context, stream.usage, started)
+
+    async def text(self) -> str:
+        """Consume the whole stream and return the answer."""
+        return "".join([delta async for delta in self])
+
+    async def aclose(self) -> None:
+        if self._gen is not None:
+            await self._gen.aclose()  # type: ignore[attr-defined]
 
 
 def _result(text: str, context: LocalContext, usage: Usage, started: float) -> SearchResult:

@@ -119,30 +119,15 @@ class EngineBackend:
 
 
 async def _stream_local(search: Any, query: str, on_event: EventSink) -> SearchResult:
-    """A streamed local search that also yields the SearchResult (LocalSearch.stream_search only
-    yields text): same context, prompt and timeout rule as `LocalSearch.search`."""
-    from drift_lance.local.search import _result as local_result
-    from drift_lance.models.base import ModelError
-
-    started = time.perf_counter()
-    context = await search.build_context(query)
-    stream = search.model.stream(search.messages(query, context), params=search.params)
-    deltas = aiter(stream)
-    parts: list[str] = []
-    timeout = search.config.llm_timeout
+    """A streamed local search: token events, then the stream's SearchResult."""
+    stream = search.stream_search(query)
     try:
-        while True:
-            try:
-                delta = await asyncio.wait_for(anext(deltas), timeout)
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                raise ModelError(f"local search stream sent nothing for {timeout:g} s (llm_timeout)") from None
-            parts.append(delta)
+        async for delta in stream:
             on_event(SearchEvent("token", {"text": delta}))
     finally:
         await stream.aclose()
-    return local_result("".join(parts), context, stream.usage, started)
+    assert stream.result is not None
+    return stream.result
 
 
 class _EventCallbacks(DriftCallbacks):
