@@ -50,14 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("context", "local-search context building latency and peak RSS")
     p.add_argument("--rows", type=_positive, required=True, help="entities in the synthetic index")
-    p.add_argument("--queries", type=_positive, default=50)
-    p.add_argument("--dim", type=_positive, default=384)
+    p.add_argument("--queries", type=_positive, default=30)
+    p.add_argument("--dim", type=_positive, default=1536)
 
     p = add("drift", "end-to-end DRIFT against a fake OpenAI server with a fixed latency")
     p.add_argument("--latency-ms", type=float, default=200.0)
-    p.add_argument("--queries", type=_positive, default=5)
-    p.add_argument("--rows", type=_positive, default=2_000, help="entities in the synthetic index")
-    p.add_argument("--dim", type=_positive, default=384)
+    p.add_argument("--queries", type=_positive, default=3)
+    p.add_argument("--rows", type=_positive, default=10_000, help="entities in the synthetic index")
+    p.add_argument("--dim", type=_positive, default=1536)
 
     p = add("startup", "engine start-up time and RSS on an ingested index")
     p.add_argument("--rows", type=_positive, required=True)
@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("ingest", "ingest throughput (rows/s) and index build time")
     p.add_argument("--rows", type=_positive, required=True, help="entities in the synthetic index")
     p.add_argument("--dim", type=_positive, default=1536)
+
+    p = add("s3", "query latency on local disk vs S3-compatible storage on loopback (moto + counting proxy)")
+    p.add_argument("--rows", type=_positive, default=10_000, help="entities in the synthetic index")
+    p.add_argument("--dim", type=_positive, default=384)
+    p.add_argument("--queries", type=_positive, default=30)
+    p.add_argument("--latency-ms", default="0", help="comma-separated delays added per S3 request, e.g. 0,20")
+    p.add_argument("--dulce", type=Path, default=None, help="measure this GraphRAG folder (the dulce index) instead")
 
     add("report", "re-render results.md and the plots from the JSON records")
 
@@ -123,6 +130,11 @@ def _dispatch(args: argparse.Namespace, out: Path, work: Path) -> None:
         from benchmarks import engine
 
         engine.run_ingest_benchmark(args.rows, args.dim, out, work)
+    elif args.command == "s3":
+        from benchmarks import s3_latency
+
+        s3_latency.run_s3_latency(args.rows, args.dim, args.queries, out, work, dulce=args.dulce,
+                                  latencies_ms=[float(x) for x in args.latency_ms.split(",") if x.strip()])
     elif args.command == "all":
         run_all(args.quick, out, work)
 

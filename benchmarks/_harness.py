@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.metadata
 import json
 import math
@@ -11,6 +12,7 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -180,7 +182,7 @@ def write_records(out_dir: Path, name: str, records: Iterable[Record | dict[str,
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     new = [r.to_json() if isinstance(r, Record) else r for r in records]
-    with open(out_dir / f".{name}.lock", "w") as lock:
+    with open(_lock_path(path), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         existing = json.loads(path.read_text()) if path.exists() else []
         merged = {record_key(r): r for r in existing}
@@ -189,6 +191,12 @@ def write_records(out_dir: Path, name: str, records: Iterable[Record | dict[str,
         tmp.write_text(json.dumps(list(merged.values()), indent=1) + "\n")
         tmp.replace(path)
     return path
+
+
+def _lock_path(path: Path) -> Path:
+    """A lock file outside the results directory (which is committed), one per results file."""
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"drift-lance-bench-{digest}.lock"
 
 
 def load_records(out_dir: Path, name: str) -> list[dict[str, Any]]:

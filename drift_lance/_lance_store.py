@@ -26,7 +26,7 @@ from drift_lance.config.ingest import StoreConfig
 from drift_lance.errors import StoreError
 from drift_lance.store import Manifest
 
-__all__ = ["LanceStore", "open_store", "read_manifests", "sql_literal"]
+__all__ = ["LanceStore", "list_table_names", "open_store", "read_manifests", "sql_literal"]
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,9 @@ def _quote_ident(name: str) -> str:
 
 async def read_manifests(db: Any, uri: str) -> list[Manifest]:
     """All complete manifests of the database at `uri`, oldest generation first ([] when none)."""
-    if MANIFEST_TABLE_NAME not in await _table_names(db):
+    if schema.MANIFEST_TABLE not in await list_table_names(db):
         return []
-    table = await db.open_table(MANIFEST_TABLE_NAME)
+    table = await db.open_table(schema.MANIFEST_TABLE)
     rows = (await table.query().select(["generation", "manifest"]).to_arrow()).to_pylist()
     manifests = []
     for row in sorted(rows, key=lambda r: r["generation"]):
@@ -74,18 +74,16 @@ async def read_manifests(db: Any, uri: str) -> list[Manifest]:
             manifests.append(Manifest.model_validate(json.loads(row["manifest"])))
         except (ValueError, TypeError) as exc:
             raise StoreError(
-                f"{uri}: manifest generation {row['generation']} in table {MANIFEST_TABLE_NAME!r} is unreadable: {exc}"
+                f"{uri}: manifest generation {row['generation']} in table {schema.MANIFEST_TABLE!r} is unreadable: {exc}"
             ) from exc
     return manifests
 
 
-MANIFEST_TABLE_NAME = schema.MANIFEST_TABLE
-
-
-async def _table_names(db: Any) -> set[str]:
+async def list_table_names(db: Any) -> set[str]:
+    """Every table name of a LanceDB async connection (list_tables is paged)."""
     names: list[str] = []
     token: str | None = None
-    while True:  # list_tables pages
+    while True:
         resp = await db.list_tables(page_token=token)
         names.extend(resp.tables)
         token = resp.page_token
@@ -172,9 +170,12 @@ class LanceStore:
     async def _search_ann(self, table: str, query: np.ndarray, k: int, columns: Sequence[str] | None) -> pl.DataFrame:
         handle = await self._table(table)
         tuning = self.config.search
-        q = handle.vector_search(query).column(schema.VECTOR).distance_type("cosine").nprobes(tuning.nprobes)
-        if tuning.refine_factor:
-            q = q.refine_factor(tuning.refine_factor)
+        info = self.manifest.tables[table]
+        nprobes = tuning.probes(info.vector_index_params.get("num_partitions"))
+        q = handle.vector_search(query).column(schema.VECTOR).distance_type("cosine").nprobes(nprobes)
+        refine = tuning.refine_factor or (10 if info.vector_index == "IVF_PQ" else None)
+        if refine:
+            q = q.refine_factor(refine)
         if tuning.ef:
             q = q.ef(tuning.ef)
         q = q.limit(k).with_row_id()
@@ -275,6 +276,10 @@ class LanceStore:
     async def count(self, table: str) -> int:
         await self._table(table)  # validates the name
         return self.manifest.tables[table].rows
+
+    async def generations(self) -> list[int]:
+        """Generations of every complete manifest in the database (this store pins one of them)."""
+        return [m.generation for m in await read_manifests(self._db, self.uri)]
 
     async def indexes(self, table: str) -> dict[str, str]:
         """Index type per indexed column of the pinned table version, e.g. {"id": "BTree", "vector": "IvfHnswSq"}."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import sys
 import time
@@ -27,7 +28,7 @@ import pyarrow as pa
 
 import drift_lance
 from drift_lance import schema
-from drift_lance._lance_store import _table_names, read_manifests
+from drift_lance._lance_store import list_table_names, read_manifests
 from drift_lance.config.ingest import IngestConfig, VectorIndexConfig
 from drift_lance.errors import StoreError
 from drift_lance.store import Manifest, TableInfo, VectorColumnInfo
@@ -66,20 +67,26 @@ def to_arrow(table: PreparedTable) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema.table_schema(table.name))
 
 
+def index_params(config: VectorIndexConfig, rows: int, dim: int) -> dict[str, Any]:
+    """The concrete build parameters for a table of `rows` x `dim` (recorded in the manifest)."""
+    if config.type == "IVF_HNSW_SQ":
+        partitions = config.num_partitions or max(1, rows // 100_000)
+        return {"num_partitions": partitions, "m": config.m, "ef_construction": config.ef_construction}
+    partitions = config.num_partitions or max(1, round(math.sqrt(rows)))
+    if config.type == "IVF_PQ":
+        return {"num_partitions": partitions, "num_sub_vectors": config.num_sub_vectors or max(1, dim // 16)}
+    return {"num_partitions": partitions}
+
+
 def _vector_index(config: VectorIndexConfig, rows: int, dim: int) -> Any:
     from lancedb.index import HnswSq, IvfFlat, IvfPq
 
+    params = index_params(config, rows, dim)
     if config.type == "IVF_HNSW_SQ":
-        return HnswSq(
-            distance_type=config.distance_type,
-            num_partitions=config.num_partitions,
-            m=config.m,
-            ef_construction=config.ef_construction,
-        )
+        return HnswSq(distance_type=config.distance_type, **params)
     if config.type == "IVF_PQ":
-        sub = config.num_sub_vectors or max(1, dim // 16)
-        return IvfPq(distance_type=config.distance_type, num_partitions=config.num_partitions, num_sub_vectors=sub)
-    return IvfFlat(distance_type=config.distance_type, num_partitions=config.num_partitions)
+        return IvfPq(distance_type=config.distance_type, **params)
+    return IvfFlat(distance_type=config.distance_type, **params)
 
 
 class IndexWriter:
@@ -160,7 +167,7 @@ class IndexWriter:
         self.timings.write_s += time.perf_counter() - start
         start = time.perf_counter()
         scalar = await self._scalar_indexes(handle, table.name)
-        vector_index = await self._vector_index(handle, table, arrow.num_rows)
+        vector_index, params = await self._vector_index(handle, table, arrow.num_rows)
         elapsed = time.perf_counter() - start
         self.timings.index_s += elapsed
         self.timings.index_s_by_table[table.name] = elapsed
@@ -169,6 +176,7 @@ class IndexWriter:
             version=await handle.version(),
             rows=arrow.num_rows,
             vector_index=vector_index,
+            vector_index_params=params,
             scalar_indexes=scalar,
         )
 
@@ -183,12 +191,13 @@ class IndexWriter:
             built.append(column)
         return built
 
-    async def _vector_index(self, handle: Any, table: PreparedTable, rows: int) -> str | None:
+    async def _vector_index(self, handle: Any, table: PreparedTable, rows: int) -> tuple[str | None, dict[str, Any]]:
         if table.vectors is None or rows < self.config.ann_min_rows:
-            return None
+            return None, {}
         dim = int(table.vectors.matrix.shape[1])
-        await handle.create_index(schema.VECTOR, config=_vector_index(self.config.vector_index, rows, dim), replace=True)
-        return self.config.vector_index.type
+        config = self.config.vector_index
+        await handle.create_index(schema.VECTOR, config=_vector_index(config, rows, dim), replace=True)
+        return config.type, index_params(config, rows, dim)
 
     async def _append_manifest(self, manifest: Manifest) -> None:
         row = pa.table(
@@ -198,7 +207,7 @@ class IndexWriter:
                 "manifest": pa.array([manifest.model_dump_json()], pa.string()),
             }
         )
-        if schema.MANIFEST_TABLE in await _table_names(self._db):
+        if schema.MANIFEST_TABLE in await list_table_names(self._db):
             await (await self._db.open_table(schema.MANIFEST_TABLE)).add(row)
         else:
             await self._db.create_table(schema.MANIFEST_TABLE, data=row)

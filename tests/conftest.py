@@ -5,4 +5,5 @@ pytest_plugins = [
     "fixtures.models",
     "fixtures.store",
     "fixtures.service",
+    "fixtures.s3",
 ]

@@ -141,23 +141,31 @@ async def test_reader_stays_pinned_while_a_new_generation_lands(dulce_dir, carol
     assert new.manifest.vectors["entities"].dimension == 16
 
 
-@pytest.fixture(scope="module")
-def ann_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """A synthetic index with an ANN index on entities (threshold lowered to 1500 rows)."""
+@pytest.fixture(scope="module", params=["IVF_FLAT", "IVF_PQ", "IVF_HNSW_SQ"])
+def ann_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A synthetic index with an ANN index of each supported type on entities (threshold 1500 rows)."""
     import asyncio
 
     root = tmp_path_factory.mktemp("ann")
     src = generate_index(root / "src", n_entities=3000, dim=64, seed=5)
-    config = IngestConfig(ann_min_rows=1500)
-    config.vector_index.num_partitions = 4
+    config = IngestConfig(ann_min_rows=1500, vector_index={"type": request.param})
     asyncio.run(ingest.run_ingest(src, str(root / "db"), config=config, progress=False))
     return str(root / "db"), src
 
 
+def test_automatic_nprobes():
+    tuning = StoreConfig().search
+    assert tuning.probes(1000) == 100  # 10% of the partitions ...
+    assert tuning.probes(55) == 20  # ... but at least 20
+    assert tuning.probes(8) == 8  # ... and never more than there are
+    assert StoreConfig(search={"nprobes": 7}).search.probes(1000) == 7
+
+
 async def test_ann_search_recall_against_exact(ann_db):
     uri, _ = ann_db
-    store = await open_store(uri, config=StoreConfig(search={"nprobes": 4}))
-    assert store.manifest.tables["entities"].vector_index == "IVF_HNSW_SQ"
+    store = await open_store(uri)
+    assert store.manifest.tables["entities"].vector_index in {"IVF_FLAT", "IVF_PQ", "IVF_HNSW_SQ"}
+    assert store.manifest.tables["entities"].vector_index_params["num_partitions"] >= 1
     everything = await store.scan("entities", columns=["id", "vector"])
     matrix = np.stack(everything["vector"].to_numpy())
     rng = np.random.default_rng(1)

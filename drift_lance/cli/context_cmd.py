@@ -31,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
     parser.add_argument("--query-vector", metavar="FILE", help="query embedding as .npy or a JSON list; skips the embedder")
     parser.add_argument(
+        "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
+        help="LanceDB storage option for an object-store --db, e.g. aws_endpoint=http://127.0.0.1:9000 "
+        "(repeatable; adds to `store.storage_options` from settings)",
+    )
+    parser.add_argument(
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
         help="local search setting, e.g. --set max_context_tokens=8000 --set community_level=1 "
         "(keys: max_context_tokens, text_unit_prop, community_prop, top_k_entities, top_k_relationships, "
@@ -51,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     overrides = parse_overrides(args.assignments)
     vector = read_query_vector(Path(args.query_vector)) if args.query_vector else None
-    context = asyncio.run(_build(db, args.query, vector, settings, overrides))
+    from drift_lance.cli.ingest_cmd import parse_storage_options
+
+    storage_options = parse_storage_options(args.storage_options)
+    context = asyncio.run(_build(db, args.query, vector, settings, overrides, storage_options))
     if args.json:
         print(json.dumps(context.to_json(), ensure_ascii=False, indent=2))
     else:
@@ -108,11 +116,18 @@ def read_query_vector(path: Path) -> np.ndarray:
     return vector
 
 
-async def _build(db: str, query: str, vector: np.ndarray | None, settings: Any, overrides: dict[str, Any]):
+async def _build(
+    db: str,
+    query: str,
+    vector: np.ndarray | None,
+    settings: Any,
+    overrides: dict[str, Any],
+    storage_options: dict[str, str] | None = None,
+):
     from drift_lance._lance_store import open_store
     from drift_lance.local.context import LocalContextBuilder
 
-    store = await open_store(db)
+    store = await open_store(db, config=settings.store, storage_options=storage_options)
     try:
         builder = LocalContextBuilder(store, config=settings.local)
         builder.resolve_config(overrides)  # bad settings fail before any model is loaded

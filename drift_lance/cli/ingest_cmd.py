@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ann-min-rows", type=int, metavar="N", help="build an ANN index on tables with >= N rows (default 10000)")
     parser.add_argument(
         "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
-        help="LanceDB storage option for object storage, e.g. aws_endpoint=http://127.0.0.1:9000 (repeatable)",
+        help="LanceDB storage option for object storage, e.g. aws_endpoint=http://127.0.0.1:9000 (repeatable; "
+        "adds to `store.storage_options` from $DRIFT_LANCE_CONFIG / DRIFT_LANCE_STORE__STORAGE_OPTIONS)",
     )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.set_defaults(func=run)
@@ -52,6 +53,15 @@ def parse_storage_options(pairs: list[str]) -> dict[str, str] | None:
             raise UsageError(f"--storage-option {pair!r}: expected KEY=VALUE")
         options[key.strip()] = value
     return options or None
+
+
+def _storage_options(pairs: list[str]) -> dict[str, str] | None:
+    """`store.storage_options` from the settings (file named by DRIFT_LANCE_CONFIG, environment),
+    overridden by --storage-option flags."""
+    from drift_lance.config.settings import Settings
+    from drift_lance.object_store import merge_storage_options
+
+    return merge_storage_options(getattr(Settings.load().store, "storage_options", None), parse_storage_options(pairs)) or None  # TEMP getattr
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         embedder=embedder,
         reembed=args.reembed,
         embedding_model=args.embedding_model,
-        storage_options=parse_storage_options(args.storage_options),
+        storage_options=_storage_options(args.storage_options),
         progress=args.progress,
     )
     print_summary(report, sys.stdout)

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 async def describe(uri: str, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """The database at `uri` as a JSON-able dict: manifest, generations, per-table details."""
-    from drift_lance._lance_store import open_store, read_manifests
+    from drift_lance._lance_store import open_store
 
     store = await open_store(uri, storage_options=storage_options)
     try:
@@ -42,7 +42,7 @@ async def describe(uri: str, storage_options: dict[str, str] | None = None) -> d
                 "dimension": vec.dimension if vec else None,
                 "embedding_model": vec.model if vec else None,
             }
-        generations = [m.generation for m in await read_manifests(store._db, uri)]  # noqa: SLF001
+        generations = await store.generations()
         return {"uri": uri, "generations": generations, "manifest": store.manifest.model_dump(mode="json"), "tables": tables}
     finally:
         await store.close()

@@ -28,6 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("query", help="the question")
     parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
     parser.add_argument("--method", choices=("drift", "local"), default="drift", help="search method (default drift)")
+    parser.add_argument(
+        "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
+        help="LanceDB storage option for an object-store --db, e.g. aws_endpoint=http://127.0.0.1:9000 "
+        "(repeatable; adds to `store.storage_options` from settings)",
+    )
     parser.add_argument("--stream", action="store_true", help="print the answer as it is generated")
     parser.add_argument("--json", action="store_true", help="print the whole SearchResult as JSON")
     parser.add_argument(
@@ -101,9 +106,10 @@ def _is_graphrag_settings(data: dict[str, Any]) -> bool:
 
 async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str) -> SearchResult:
     from drift_lance._lance_store import open_store
+    from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.models import get_chat_model, get_embedder
 
-    store = await open_store(db, config=settings.store) if hasattr(settings, "store") else await open_store(db)
+    store = await open_store(db, config=settings.store, storage_options=parse_storage_options(args.storage_options))
     try:
         # Loading model weights (embedded defaults) must not block the event loop.
         chat = await asyncio.to_thread(get_chat_model, settings.models)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from drift_lance.errors import StoreError
@@ -22,22 +23,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (default 8000)")
     parser.add_argument("--config", metavar="FILE", help="settings file (TOML or YAML)")
+    parser.add_argument(
+        "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
+        help="LanceDB storage option for an object-store --db, e.g. aws_endpoint=http://127.0.0.1:9000 "
+        "(repeatable; adds to `store.storage_options` from settings)",
+    )
+    parser.add_argument(
+        "--reload-interval", type=float, metavar="SECONDS",
+        help="check for a newer ingested generation this often (default 30, 0 = only on POST /v1/admin/reload)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from drift_lance.cli import UsageError
+    from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.config.settings import Settings
+    from drift_lance.object_store import merge_storage_options
     from drift_lance.service import serve
 
     settings = Settings.load(args.config, db=args.db)
     if settings.db is None:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
-    flags = {"service.host": args.host, "service.port": args.port}
+    flags = {"service.host": args.host, "service.port": args.port, "store.reload_interval_seconds": args.reload_interval}
+    cli_options = parse_storage_options(args.storage_options)
+    if cli_options:
+        flags["store.storage_options"] = merge_storage_options(settings.store.storage_options, cli_options)
     settings = settings.with_updates({k: v for k, v in flags.items() if v is not None})
     # Fail fast, with exit 2, on a database that is missing or was never ingested, instead of
     # starting a server whose /readyz never turns ready.
-    asyncio.run(check_database(settings.db))
+    asyncio.run(check_database(settings.db, settings.store))
     cfg = settings.service
     auth = "on" if cfg.api_key else "off"
     print(f"drift-lance: serving {settings.db} on http://{cfg.host}:{cfg.port} (API key {auth})", file=sys.stderr)
@@ -45,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def check_database(uri: str) -> None:
+async def check_database(uri: str, config: Any = None) -> None:
     """Raise StoreError naming `uri` when it is not an ingested drift-lance index."""
     from drift_lance._lance_store import open_store
 
     if is_local_path(uri) and not Path(uri).expanduser().exists():
         raise StoreError(f"{uri}: database not found")
-    store = await open_store(uri)
+    store = await open_store(uri, config=config)
     await store.close()
 
 

@@ -66,6 +66,15 @@ class Health(BaseModel):
     version: str = __version__
 
 
+class ReloadStatus(BaseModel):
+    """Result of `POST /v1/admin/reload`."""
+
+    switched: bool
+    previous_generation: int
+    generation: int = Field(description="manifest generation now served to new searches")
+    newest_generation: int = Field(description="newest complete generation in the database")
+
+
 class ReadyStatus(BaseModel):
     status: Literal["ready", "starting", "failed"]
     store: bool
@@ -136,6 +145,7 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
     auth = _auth_dependency(settings)
     app.include_router(_probe_routes(state))
     app.include_router(_api_routes(state), dependencies=[Depends(auth)])
+    app.include_router(_admin_routes(state), dependencies=[Depends(auth)])
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(auth)])
     async def openapi_schema() -> JSONResponse:
@@ -247,6 +257,39 @@ def _api_routes(state: _ServiceState) -> APIRouter:
             track=state.slots.track,
         )
         return _AsgiResponse(stream)
+
+    return router
+
+
+def _admin_routes(state: _ServiceState) -> APIRouter:
+    router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+    @router.post(
+        "/reload",
+        response_model=ReloadStatus,
+        summary="Switch to the newest ingested generation now",
+        description="Reads the index's manifest table; when a newer complete generation exists, opens it "
+        "and serves new searches from it. Searches already running finish on the generation they started "
+        "with. The service also checks on its own every `store.reload_interval_seconds`.",
+        responses=error_responses(401, 503),
+    )
+    async def reload() -> ReloadStatus:
+        state.require_ready()
+        reload_backend = getattr(state.backend, "reload", None)
+        if reload_backend is None:
+            raise ApiError(501, "not_supported", "this search backend cannot reload its index")
+        try:
+            result = await reload_backend()
+        except Exception as exc:  # noqa: BLE001 - the old generation keeps serving
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            log.warning("reload failed: %s", message)
+            raise ApiError(503, "reload_failed", f"still serving the previous generation: {message}") from exc
+        return ReloadStatus(
+            switched=result.switched,
+            previous_generation=result.previous_generation,
+            generation=result.generation,
+            newest_generation=result.newest_generation,
+        )
 
     return router
 

@@ -2,13 +2,16 @@
 
 The store and models are opened once at startup and shared by every request; each request gets its
 own DRIFTSearch/LocalSearch built from the request's config (cheap: no I/O beyond prompt files).
+The store follows the index: every `store.reload_interval_seconds` (and on `reload()`) a newer
+manifest generation is switched to; a search keeps the store it started with (see `generations`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,12 +23,15 @@ from drift_lance.drift.result import SearchResult
 from drift_lance.errors import ConfigError
 from drift_lance.models.base import ChatModel, Embedder
 from drift_lance.service.backend import EventSink, Method, Readiness, SearchEvent
+from drift_lance.service.generations import ReloadResult, ServingStores
 from drift_lance.store import IndexStore, Manifest
 
 
 class EngineBackend:
     """SearchBackend over an ingested index. `chat_model` / `embedder` replace the configured models
-    (tests pass scripted doubles here; everything else is the production path)."""
+    (tests pass scripted doubles here; everything else is the production path). A `store` passed in
+    is served as is (no reloads); otherwise the backend opens `settings.db` and follows its newest
+    manifest generation."""
 
     def __init__(
         self,
@@ -40,16 +46,19 @@ class EngineBackend:
         self.settings = settings
         self._chat = chat_model
         self._embedder = embedder
-        self._store = store
-        self._owns_store = store is None
+        self._fixed_store = store
+        self._stores = ServingStores(self._open_store) if store is None else None
+        self._reload_task: asyncio.Task | None = None
         self._models_ready = chat_model is not None and embedder is not None
 
     async def start(self) -> None:
-        from drift_lance._lance_store import open_store
         from drift_lance.models.registry import get_chat_model, get_embedder
 
-        if self._store is None:
-            self._store = await open_store(self.settings.db, config=self.settings.store)
+        if self._stores is not None and self._stores.current is None:
+            await self._stores.start()
+            interval = getattr(self.settings.store, "reload_interval_seconds", 0)  # TEMP until StoreConfig lands
+            if interval > 0:
+                self._reload_task = asyncio.create_task(self._stores.run_periodic(interval), name="drift-lance-reload")
         # Model construction may load weights (llama.cpp, e5): keep the event loop free meanwhile.
         if self._chat is None:
             self._chat = await asyncio.to_thread(get_chat_model, self.settings.models)
@@ -57,12 +66,51 @@ class EngineBackend:
             self._embedder = await asyncio.to_thread(get_embedder, self.settings.models)
         self._models_ready = True
 
+    async def _open_store(self, generation: int | None, previous: Any) -> Any:
+        from drift_lance._lance_store import open_store
+
+        extra = {"session": previous.session} if previous is not None and hasattr(previous, "session") else {}  # TEMP
+        return await open_store(
+            self.settings.db,
+            config=self.settings.store,
+            generation=generation,
+            # The new generation shares the old one's LanceDB caches, so their bound holds across switches.
+            **extra,
+        )
+
+    @property
+    def _current_store(self) -> IndexStore | None:
+        return self._fixed_store if self._stores is None else self._stores.current
+
     def readiness(self) -> Readiness:
-        return Readiness(store=self._store is not None, models=self._models_ready)
+        return Readiness(store=self._current_store is not None, models=self._models_ready)
 
     def manifest(self) -> Manifest:
-        assert self._store is not None, "manifest() before start()"
-        return self._store.manifest
+        store = self._current_store
+        assert store is not None, "manifest() before start()"
+        return store.manifest
+
+    def open_generations(self) -> list[int]:
+        """Manifest generations this backend has open (current first; then ones still finishing searches)."""
+        if self._stores is None:
+            return [self.manifest().generation] if self._fixed_store is not None else []
+        return self._stores.open_generations()
+
+    async def reload(self) -> ReloadResult:
+        """Switch to the newest complete manifest generation, if newer than the one served."""
+        if self._stores is None:
+            generation = self.manifest().generation
+            return ReloadResult(generation, generation, generation)  # a store given by the caller stays
+        return await self._stores.reload()
+
+    @asynccontextmanager
+    async def _lease_store(self) -> AsyncIterator[IndexStore]:
+        if self._stores is None:
+            assert self._fixed_store is not None
+            yield self._fixed_store
+            return
+        async with self._stores.lease() as store:
+            yield store
 
     def base_config(self, method: Method) -> BaseModel:
         return self.settings.drift if method == "drift" else self.settings.local
@@ -70,18 +118,23 @@ class EngineBackend:
     async def search(
         self, query: str, method: Method, config: BaseModel, on_event: EventSink | None = None
     ) -> SearchResult:
-        if method == "drift":
-            return await self._drift(query, config, on_event)
-        return await self._local(query, config, on_event)
+        # The whole search runs on one generation, even if a reload switches meanwhile.
+        async with self._lease_store() as store:
+            if method == "drift":
+                return await self._drift(store, query, config, on_event)
+            return await self._local(store, query, config, on_event)
 
     async def close(self) -> None:
-        if self._owns_store and self._store is not None:
-            await self._store.close()
-            self._store = None
+        if self._reload_task is not None:
+            self._reload_task.cancel()
+            await asyncio.gather(self._reload_task, return_exceptions=True)
+            self._reload_task = None
+        if self._stores is not None:
+            await self._stores.close()
 
     # ------------------------------------------------------------------ methods
 
-    async def _drift(self, query: str, config: Any, on_event: EventSink | None) -> SearchResult:
+    async def _drift(self, store: IndexStore, query: str, config: Any, on_event: EventSink | None) -> SearchResult:
         from drift_lance.drift.search import DRIFTSearch, local_config_for_drift
         from drift_lance.local import LocalContextBuilder
         from drift_lance.models.tokens import get_tokenizer
@@ -89,10 +142,10 @@ class EngineBackend:
         local_config = local_config_for_drift(config, self.settings.local)
         tokenizer = get_tokenizer(local_config.encoding)
         search = DRIFTSearch(
-            store=self._store,
+            store=store,
             chat_model=self._chat,
             embedder=self._embedder,
-            context_builder=LocalContextBuilder(self._store, tokenizer=tokenizer, config=local_config),
+            context_builder=LocalContextBuilder(store, tokenizer=tokenizer, config=local_config),
             tokenizer=tokenizer,
             config=config,
         )
@@ -107,11 +160,11 @@ class EngineBackend:
         assert stream.result is not None
         return stream.result
 
-    async def _local(self, query: str, config: Any, on_event: EventSink | None) -> SearchResult:
+    async def _local(self, store: IndexStore, query: str, config: Any, on_event: EventSink | None) -> SearchResult:
         from drift_lance.local import LocalContextBuilder, LocalSearch
         from drift_lance.models.tokens import get_tokenizer
 
-        builder = LocalContextBuilder(self._store, tokenizer=get_tokenizer(config.encoding), config=config)
+        builder = LocalContextBuilder(store, tokenizer=get_tokenizer(config.encoding), config=config)
         search = LocalSearch(self._chat, builder, embedder=self._embedder, config=config)
         if on_event is None:
             return await search.search(query)

@@ -1,0 +1,60 @@
+"""Object-storage URIs and options: what drift-lance adds on top of LanceDB's own handling.
+
+LanceDB (through the Rust `object_store` crate) already reads the standard AWS variables for s3://
+URIs: AWS_ENDPOINT_URL / AWS_ENDPOINT, AWS_REGION / AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_ALLOW_HTTP. What it does not do is accept a plain
+http:// endpoint (MinIO, moto, Ceph on a private network) unless `allow_http` is set as well; the
+endpoint's scheme already says so, so `resolve_storage_options` fills that gap. Everything else is
+passed through unchanged: explicit options (config file `store.storage_options`, the CLI's
+`--storage-option KEY=VALUE`) win over the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import urlparse
+
+__all__ = ["is_local_uri", "merge_storage_options", "resolve_storage_options"]
+
+# Spellings object_store accepts for the S3 endpoint option, and the variables it reads for it.
+_ENDPOINT_KEYS = ("aws_endpoint", "aws_endpoint_url", "endpoint", "endpoint_url")
+_ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+_ALLOW_HTTP_KEYS = ("allow_http", "aws_allow_http")
+_ALLOW_HTTP_ENV = ("AWS_ALLOW_HTTP",)
+_S3_SCHEMES = ("s3", "s3a", "s3+ddb")
+
+
+def is_local_uri(uri: str) -> bool:
+    """True for a local folder (plain path or file://), False for s3://, gs://, az://, ..."""
+    scheme = urlparse(str(uri)).scheme
+    return scheme in ("", "file") or len(scheme) == 1  # one letter: a Windows drive
+
+
+def merge_storage_options(*sources: Mapping[str, str] | None) -> dict[str, str]:
+    """Later sources win; keys are compared case-insensitively (object_store lower-cases them)."""
+    merged: dict[str, str] = {}
+    for source in sources:
+        for key, value in (source or {}).items():
+            merged[str(key).strip().lower()] = str(value)
+    return merged
+
+
+def resolve_storage_options(
+    uri: str,
+    options: Mapping[str, str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str] | None:
+    """The storage options to hand LanceDB for `uri`: `options`, plus allow_http=true when the S3
+    endpoint (from `options` or the environment) is a plain http:// URL and neither names
+    allow_http. None when there is nothing to pass (LanceDB's default)."""
+    env = os.environ if environ is None else environ
+    resolved = merge_storage_options(options)
+    if urlparse(str(uri)).scheme.lower() in _S3_SCHEMES:
+        endpoint = next((resolved[k] for k in _ENDPOINT_KEYS if resolved.get(k)), None)
+        endpoint = endpoint or next((env[k] for k in _ENDPOINT_ENV if env.get(k)), None)
+        allow_http_given = any(k in resolved for k in _ALLOW_HTTP_KEYS) or any(env.get(k) for k in _ALLOW_HTTP_ENV)
+        if endpoint and endpoint.strip().lower().startswith("http://") and not allow_http_given:
+            resolved["allow_http"] = "true"
+    return resolved or None

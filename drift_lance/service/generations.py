@@ -1,0 +1,140 @@
+"""Serving one index across ingests: switch to a newer manifest generation without dropping queries.
+
+A replica holds the store of generation G. `reload()` reads the manifest table; when a newer complete
+generation exists it opens a store pinned to it, opens every table (so a generation whose files are
+unreadable is never switched to), then makes it current. Searches lease the current store for their
+whole run (`async with stores.lease() as store`), so a search that started on G finishes on G; the
+G store is closed once its last lease is returned. `run_periodic` repeats the check on an interval.
+
+Nothing here is shared between replicas: each one polls the same manifest table, so N replicas
+behind a load balancer converge on the newest generation within one interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("drift_lance.service")
+
+# Opens the store of `generation` (None = newest), reusing `previous`'s caches when given.
+StoreOpener = Callable[[int | None, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What one reload check found."""
+
+    previous_generation: int
+    generation: int  # the generation now served
+    newest_generation: int  # the newest complete generation in the database
+
+    @property
+    def switched(self) -> bool:
+        return self.generation != self.previous_generation
+
+
+class ServingStores:
+    """The current store plus the retired ones that in-flight searches still hold."""
+
+    def __init__(self, opener: StoreOpener):
+        self._open = opener
+        self._current: Any = None
+        self._leases: dict[int, int] = {}  # id(store) -> searches running on it
+        self._retired: dict[int, Any] = {}  # id(store) -> store waiting for its last lease
+        self._reload_lock = asyncio.Lock()
+
+    @property
+    def current(self) -> Any:
+        """The store new searches get (None before `start`)."""
+        return self._current
+
+    def open_generations(self) -> list[int]:
+        """Generations with an open store: the current one first, then retired ones still in use."""
+        stores = [self._current, *self._retired.values()]
+        return [store.manifest.generation for store in stores if store is not None]
+
+    async def start(self) -> None:
+        self._current = await self._open(None, None)
+
+    @asynccontextmanager
+    async def lease(self) -> AsyncIterator[Any]:
+        """The current store, kept open until the block exits even if a reload retires it."""
+        store = self._current
+        if store is None:
+            raise RuntimeError("no store open (start() not called or already closed)")
+        key = id(store)
+        self._leases[key] = self._leases.get(key, 0) + 1
+        try:
+            yield store
+        finally:
+            self._leases[key] -= 1
+            if self._leases[key] == 0:
+                del self._leases[key]
+                retired = self._retired.pop(key, None)
+                if retired is not None:
+                    await _close_quietly(retired)
+
+    async def reload(self) -> ReloadResult:
+        """Switch to the newest complete generation if it is newer than the current one."""
+        async with self._reload_lock:
+            current = self._current
+            if current is None:
+                raise RuntimeError("no store open (start() not called or already closed)")
+            before = current.manifest.generation
+            newest = max(await current.generations(), default=before)
+            if newest <= before:
+                return ReloadResult(before, before, newest)
+            fresh = await self._open(newest, current)
+            try:
+                await _open_every_table(fresh)
+            except BaseException:
+                await _close_quietly(fresh)
+                raise
+            self._current = fresh
+            await self._retire(current)
+            log.info("%s: switched from generation %d to %d", fresh.uri, before, newest)
+            return ReloadResult(before, newest, newest)
+
+    async def run_periodic(self, interval: float) -> None:
+        """Reload every `interval` seconds until cancelled; a failed check keeps the current store."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reload()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep serving the generation we have
+                log.warning("reload check failed, still serving the current generation: %s", exc)
+
+    async def _retire(self, store: Any) -> None:
+        if self._leases.get(id(store)):
+            self._retired[id(store)] = store  # closed by the last lease's exit
+        else:
+            await _close_quietly(store)
+
+    async def close(self) -> None:
+        """Close every store, including retired ones still leased (shutdown has ended their searches)."""
+        stores = [self._current, *self._retired.values()]
+        self._current = None
+        self._retired.clear()
+        for store in stores:
+            if store is not None:
+                await _close_quietly(store)
+
+
+async def _open_every_table(store: Any) -> None:
+    """Open every table at its pinned version: a generation that cannot be read is not switched to."""
+    for table in store.manifest.tables:
+        await store.count(table)
+
+
+async def _close_quietly(store: Any) -> None:
+    try:
+        await store.close()
+    except Exception as exc:  # noqa: BLE001 - closing must not fail a search or a reload
+        log.warning("closing store %r failed: %s", store, exc)
