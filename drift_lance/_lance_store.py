@@ -4,6 +4,11 @@ Every table is opened at the version the newest manifest pins, so an ingest that
 (or was killed) is invisible. Vector search uses the table's ANN index when ingest built one;
 otherwise an exact path: the (small) table's vectors are loaded once into a float32 matrix and
 scored with one matrix-vector product, which is far faster than LanceDB's flat scan.
+
+On object storage every LanceDB read is a request, so hot data is kept in memory, each cache bounded
+in bytes (`StoreConfig`): the exact-search matrices, the rows of small tables (key lookups then need no
+request), and LanceDB's own index/metadata caches (a `lancedb.Session`, handed on to the store of
+the next generation when the service reloads).
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ import lancedb
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from drift_lance import schema
+from drift_lance._cache import BoundedCache
 from drift_lance.config.ingest import StoreConfig
 from drift_lance.errors import StoreError
+from drift_lance.object_store import merge_storage_options, resolve_storage_options
 from drift_lance.store import Manifest
 
 __all__ = ["LanceStore", "list_table_names", "open_store", "read_manifests", "sql_literal"]
@@ -39,6 +47,10 @@ class _ExactIndex:
 
     matrix: np.ndarray  # (rows, dim) float32, unit rows, in row-id order
     row_ids: np.ndarray  # uint64 LanceDB row ids, ascending; row i of `matrix` has row_ids[i]
+
+    @property
+    def nbytes(self) -> int:
+        return self.matrix.nbytes + self.row_ids.nbytes
 
 
 def sql_literal(value: Any) -> str:
@@ -94,15 +106,19 @@ async def list_table_names(db: Any) -> set[str]:
 class LanceStore:
     """Read access to one ingested index, pinned to one manifest generation."""
 
-    def __init__(self, uri: str, db: Any, manifest: Manifest, config: StoreConfig) -> None:
+    def __init__(self, uri: str, db: Any, manifest: Manifest, config: StoreConfig, session: Any = None) -> None:
         self.uri = uri
         self.manifest = manifest
         self.config = config
+        self.session = session  # the lancedb.Session holding LanceDB's index and metadata caches
         self._db = db
         self._tables: dict[str, Any] = {}
         self._open_lock = asyncio.Lock()
-        self._exact: dict[tuple[str, int], _ExactIndex] = {}
+        self.vector_cache = BoundedCache(config.vector_cache_bytes)  # (table, version) -> _ExactIndex
+        self.table_cache = BoundedCache(config.table_cache_bytes)  # (table, version) -> pa.Table
         self._exact_locks: dict[str, asyncio.Lock] = {}
+        self._rows_locks: dict[str, asyncio.Lock] = {}
+        self._not_cached: set[str] = set()  # tables too large for the table cache
 
     def __repr__(self) -> str:
         return f"LanceStore(uri={self.uri!r}, generation={self.manifest.generation})"
@@ -171,13 +187,14 @@ class LanceStore:
         handle = await self._table(table)
         tuning = self.config.search
         info = self.manifest.tables[table]
-        nprobes = tuning.probes(info.vector_index_params.get("num_partitions"))
-        q = handle.vector_search(query).column(schema.VECTOR).distance_type("cosine").nprobes(nprobes)
-        refine = tuning.refine_factor or (10 if info.vector_index == "IVF_PQ" else None)
-        if refine:
-            q = q.refine_factor(refine)
-        if tuning.ef:
-            q = q.ef(tuning.ef)
+        q = handle.vector_search(query).column(schema.VECTOR).distance_type("cosine")
+        if info.vector_index:  # else LanceDB's flat scan (a table over the vector cache bound)
+            q = q.nprobes(tuning.probes(info.vector_index_params.get("num_partitions")))
+            refine = tuning.refine_factor or (10 if info.vector_index == "IVF_PQ" else None)
+            if refine:
+                q = q.refine_factor(refine)
+            if tuning.ef:
+                q = q.ef(tuning.ef)
         q = q.limit(k).with_row_id()
         if columns is not None:
             q = q.select(list(columns))
@@ -190,35 +207,84 @@ class LanceStore:
 
     async def _search_exact(self, table: str, query: np.ndarray, k: int, columns: Sequence[str] | None) -> pl.DataFrame:
         exact = await self._exact_index(table)
+        if exact is None:  # matrix over the vector cache bound: let LanceDB scan, keep nothing
+            return await self._search_ann(table, query, k, columns)
         n = exact.matrix.shape[0]
         if n == 0:
             return await self._empty(table, columns, with_similarity=True)
         scores = exact.matrix @ query
         top = _top_k_stable(scores, min(k, n))
         wanted = exact.row_ids[top]
-        handle = await self._table(table)
-        take = handle.take_row_ids([int(r) for r in wanted]).with_row_id()
-        if columns is not None:
-            take = take.select(list(columns))
-        frame = pl.from_arrow(await take.to_arrow())
-        assert isinstance(frame, pl.DataFrame)
+        frame = await self._cached_take(table, wanted, columns)
+        if frame is None:
+            handle = await self._table(table)
+            take = handle.take_row_ids([int(r) for r in wanted]).with_row_id()
+            if columns is not None:
+                take = take.select(list(columns))
+            frame = pl.from_arrow(await take.to_arrow())
+            assert isinstance(frame, pl.DataFrame)
         # take does not promise an order: put rows back in score order via their row ids.
         position = {int(r): i for i, r in enumerate(frame["_rowid"].to_list())}
         frame = frame[[position[int(r)] for r in wanted]].drop("_rowid")
         return frame.with_columns(pl.Series(SIMILARITY, scores[top].astype(np.float64)))
 
-    async def _exact_index(self, table: str) -> _ExactIndex:
+    async def _exact_index(self, table: str) -> _ExactIndex | None:
+        """The table's vectors as a matrix (cached), or None when it would not fit the cache bound."""
         key = (table, self.manifest.tables[table].version)
-        cached = self._exact.get(key)
+        cached = self.vector_cache.get(key)
         if cached is not None:
             return cached
+        rows, dim = self.manifest.tables[table].rows, self.dimension(table)
+        if rows * (dim * 4 + 8) > self.vector_cache.max_bytes:
+            return None
         lock = self._exact_locks.setdefault(table, asyncio.Lock())
         async with lock:
-            if key not in self._exact:
+            cached = self.vector_cache.get(key)
+            if cached is None:
                 handle = await self._table(table)
                 arrow = await handle.query().select([schema.VECTOR]).with_row_id().to_arrow()
-                self._exact[key] = _exact_index_from_arrow(arrow, self.uri, table)
-            return self._exact[key]
+                cached = _exact_index_from_arrow(arrow, self.uri, table)
+                self.vector_cache.put(key, cached, cached.nbytes)
+            return cached
+
+    async def _cached_rows(self, table: str) -> pa.Table | None:
+        """Every row of a small table without its vector column, plus `_rowid` (cached); None when
+        the table is larger than a quarter of the table cache (so several small tables fit at once)."""
+        if table in self._not_cached or self.table_cache.max_bytes == 0:
+            return None
+        key = (table, self.manifest.tables[table].version)
+        cached = self.table_cache.get(key)
+        if cached is not None:
+            return cached
+        async with self._rows_locks.setdefault(table, asyncio.Lock()):
+            cached = self.table_cache.get(key)
+            if cached is not None:
+                return cached
+            handle = await self._table(table)
+            limit = self.table_cache.max_bytes // 4
+            stats = await handle.stats()
+            vectors = self.manifest.tables[table].rows * 4 * (self.dimension(table) if table in self.manifest.vectors else 0)
+            if stats["total_bytes"] - vectors > limit:
+                self._not_cached.add(table)
+                return None
+            names = [n for n in (await handle.schema()).names if n != schema.VECTOR]
+            rows = await handle.query().select(names).with_row_id().to_arrow()
+            if rows.nbytes > limit or not self.table_cache.put(key, rows, rows.nbytes):
+                self._not_cached.add(table)
+                return None
+            return rows
+
+    async def _cached_take(self, table: str, row_ids: np.ndarray, columns: Sequence[str] | None) -> pl.DataFrame | None:
+        """Rows by LanceDB row id from the table cache (with `_rowid`), or None to read LanceDB."""
+        if columns is None or schema.VECTOR in columns:
+            return None
+        rows = await self._cached_rows(table)
+        if rows is None or not set(columns) <= set(rows.column_names):
+            return None
+        positions = pc.index_in(pa.array(row_ids, type=rows.schema.field("_rowid").type), value_set=rows.column("_rowid"))
+        frame = pl.from_arrow(rows.take(positions).select([*columns, "_rowid"]))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
 
     # ------------------------------------------------------------------ exact reads
 
@@ -236,6 +302,9 @@ class LanceStore:
         unique = list(dict.fromkeys(v for v in values if v is not None))
         if not unique:
             return await self._empty(table, columns)
+        cached = await self._fetch_cached(table, key, unique, columns)
+        if cached is not None:
+            return cached
         size = self.config.fetch_chunk_size
         parts = []
         for start in range(0, len(unique), size):
@@ -246,6 +315,23 @@ class LanceStore:
                 q = q.select(list(columns))
             parts.append(await q.to_arrow())
         frame = pl.from_arrow(pa.concat_tables(parts))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    async def _fetch_cached(self, table: str, key: str, values: list[Any], columns: Sequence[str] | None) -> pl.DataFrame | None:
+        """`fetch` answered from the table cache (same rows, in table order), or None to ask LanceDB."""
+        if columns is None or schema.VECTOR in columns:
+            return None
+        rows = await self._cached_rows(table)
+        if rows is None or not {key, *columns} <= set(rows.column_names):
+            return None  # unknown names: LanceDB reports them
+        column = rows.column(key)
+        try:
+            wanted = pa.array(values, type=column.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+            return None  # e.g. strings for an integer column: LanceDB's SQL decides
+        picked = rows.filter(pc.is_in(column, value_set=wanted)).select(list(columns))
+        frame = pl.from_arrow(picked)
         assert isinstance(frame, pl.DataFrame)
         return frame
 
@@ -290,7 +376,8 @@ class LanceStore:
         for handle in self._tables.values():
             handle.close()
         self._tables.clear()
-        self._exact.clear()
+        self.vector_cache.clear()
+        self.table_cache.clear()
 
     async def __aenter__(self) -> LanceStore:
         return self
@@ -346,14 +433,25 @@ async def open_store(
     storage_options: dict[str, str] | None = None,
     config: StoreConfig | None = None,
     generation: int | None = None,
+    session: Any = None,
 ) -> LanceStore:
     """Open the ingested index at `uri` (any LanceDB URI), pinned to its newest complete manifest
-    (or to `generation`). Raises StoreError naming the URI when there is no complete ingest."""
+    (or to `generation`). Raises StoreError naming the URI when there is no complete ingest.
+
+    Storage options: `config.storage_options` updated by `storage_options`, plus allow_http for an
+    http:// S3 endpoint (see `drift_lance.object_store`). `session`: a `lancedb.Session` to share
+    LanceDB's caches with another store (default: a new one sized by `config`)."""
     uri = str(uri)
+    config = config or StoreConfig()
     if "://" not in uri and not Path(uri).expanduser().exists():  # local default: say so plainly
         raise StoreError(f"{uri}: no database at this path; run `drift-lance ingest SRC --db {uri}` first")
+    options = resolve_storage_options(uri, merge_storage_options(config.storage_options, storage_options))
+    if session is None:
+        session = lancedb.Session(
+            index_cache_size_bytes=config.index_cache_bytes, metadata_cache_size_bytes=config.metadata_cache_bytes
+        )
     try:
-        db = await lancedb.connect_async(uri, storage_options=storage_options)
+        db = await lancedb.connect_async(uri, storage_options=options, session=session)
         manifests = await read_manifests(db, uri)
     except StoreError:
         raise
@@ -370,4 +468,4 @@ async def open_store(
         if not matches:
             raise StoreError(f"{uri}: no manifest generation {generation} (have {[m.generation for m in manifests]})")
         manifest = matches[0]
-    return LanceStore(uri, db, manifest, config or StoreConfig())
+    return LanceStore(uri, db, manifest, config, session)

@@ -31,6 +31,7 @@ from drift_lance import schema
 from drift_lance._lance_store import list_table_names, read_manifests
 from drift_lance.config.ingest import IngestConfig, VectorIndexConfig
 from drift_lance.errors import StoreError
+from drift_lance.object_store import resolve_storage_options
 from drift_lance.store import Manifest, TableInfo, VectorColumnInfo
 from ingest.embeddings import TableVectors
 
@@ -104,6 +105,8 @@ class IndexWriter:
 
     async def open(self) -> Manifest | None:
         try:
+            # Fill what LanceDB does not infer from the environment (allow_http for an http:// endpoint).
+            self.storage_options = resolve_storage_options(self.uri, self.storage_options)
             self._db = await lancedb.connect_async(self.uri, storage_options=self.storage_options)
             manifests = await read_manifests(self._db, self.uri)
         except StoreError:
@@ -236,8 +239,7 @@ class IndexWriter:
                 old = [v["version"] for v in await handle.list_versions() if v["version"] < keep_from]
                 if not old:
                     continue
-                kwargs = {"storage_options": self.storage_options} if self.storage_options else {}
-                dataset = await handle.to_lance(**kwargs)
+                dataset = await handle.to_lance()  # carries the connection's storage options
                 await asyncio.to_thread(
                     dataset.cleanup_old_versions,
                     older_than=timedelta(0),

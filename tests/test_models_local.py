@@ -66,6 +66,15 @@ async def test_multilingual_retrieval_ranks_the_translation_first(e5, query, pas
 # ---------------------------------------------------------------- chat (slow, still runs in CI)
 
 
+async def test_long_documents_are_cut_to_e5s_512_token_window(e5):
+    """Text past e5's window changes nothing but cost: the embedding is the window's embedding."""
+    window = "The keeper logged the storm and the ships that passed the point that night. " * 40
+    tail = "Entirely different words about gardening, recipes and football results. " * 60
+    long_vec, window_vec = await e5.embed([window + tail, window])
+    assert e5._engine.token_count(window, False) > 512  # the window text itself is cut too
+    assert float(long_vec @ window_vec) > 0.999
+
+
 @pytest.fixture(scope="module")
 def smollm() -> LlamaCppChatModel:
     model = get_chat_model(ModelSettings(chat_backend="local", llama_n_ctx=2048))

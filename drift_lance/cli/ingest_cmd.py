@@ -61,7 +61,7 @@ def _storage_options(pairs: list[str]) -> dict[str, str] | None:
     from drift_lance.config.settings import Settings
     from drift_lance.object_store import merge_storage_options
 
-    return merge_storage_options(getattr(Settings.load().store, "storage_options", None), parse_storage_options(pairs)) or None  # TEMP getattr
+    return merge_storage_options(Settings.load().store.storage_options, parse_storage_options(pairs)) or None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,11 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-async def describe(uri: str, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
+async def describe(uri: str, storage_options: dict[str, str] | None = None, config: Any = None) -> dict[str, Any]:
     """The database at `uri` as a JSON-able dict: manifest, generations, per-table details."""
     from drift_lance._lance_store import open_store
 
-    store = await open_store(uri, storage_options=storage_options)
+    store = await open_store(uri, storage_options=storage_options, config=config)
     try:
         tables = {}
         for name, info in store.manifest.tables.items():
@@ -50,8 +50,11 @@ async def describe(uri: str, storage_options: dict[str, str] | None = None) -> d
 
 def run(args: argparse.Namespace) -> int:
     from drift_lance.cli.ingest_cmd import parse_storage_options
+    from drift_lance.config.settings import Settings
 
-    info = asyncio.run(describe(args.db, parse_storage_options(args.storage_options)))
+    # store.storage_options from the settings ($DRIFT_LANCE_CONFIG, environment), then the flags
+    store_config = Settings.load().store
+    info = asyncio.run(describe(args.db, parse_storage_options(args.storage_options), store_config))
     if args.json:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0

@@ -67,6 +67,22 @@ class StoreConfig(BaseModel):
     # `fetch()` splits long key lists into IN (...) filters of this many values.
     fetch_chunk_size: int = Field(default=1000, ge=1)
 
+    # Object storage (s3://, gs://, az://): LanceDB storage options, e.g. {"aws_endpoint": ...}. The
+    # standard AWS variables are read by LanceDB itself; see drift_lance.object_store.
+    storage_options: dict[str, str] = Field(default_factory=dict)
+    # The service checks the manifest table for a newer generation this often (0 = only on
+    # POST /v1/admin/reload).
+    reload_interval_seconds: float = Field(default=30.0, ge=0)
+    # In-memory caches, bounded in bytes. vector: exact-search matrices of tables without an ANN
+    # index (a table whose matrix exceeds the bound is searched by LanceDB instead); table: rows of
+    # small tables (each at most a quarter of the bound), so key lookups need no object-store request.
+    vector_cache_bytes: int = Field(default=512 * 2**20, ge=0)
+    table_cache_bytes: int = Field(default=256 * 2**20, ge=0)
+    # LanceDB's own caches (opened index data; file metadata), shared by every table of a store and
+    # handed on to the next generation's store on reload. None = LanceDB's defaults (6 GiB, 1 GiB).
+    index_cache_bytes: int | None = Field(default=None, ge=0)
+    metadata_cache_bytes: int | None = Field(default=None, ge=0)
+
 
 class IngestConfig(BaseModel):
     """Settings of `ingest.run_ingest` / `drift-lance ingest`."""

