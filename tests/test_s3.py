@@ -156,29 +156,35 @@ async def test_drift_query_on_s3_equals_local(local_s3, dulce_s3_uri, dulce_db_u
     assert on_s3.llm_calls_categories["action"] >= 1 and on_s3.context_data
 
 
-async def test_query_cost_in_object_store_requests(local_s3, dulce_s3_uri, golden_entity_case):
-    """A warm context build reads no vectors again (cached matrix) and lists nothing: only the row
-    fetches go to the object store."""
+async def test_warm_queries_are_served_from_the_bounded_caches(local_s3, dulce_s3_uri, golden_entity_case):
+    """What a context build costs in object-store requests, cold and warm (counted by the proxy)."""
     from drift_lance._lance_store import open_store
+    from drift_lance.config.ingest import StoreConfig
     from drift_lance.local import build_local_context
 
     vector = np.asarray(golden_entity_case["query_vector"], dtype=np.float32)
-    store = await open_store(dulce_s3_uri, storage_options=local_s3.storage_options())
-    try:
-        local_s3.reset_counts()
-        cold_context = await build_local_context(store, QUERY, query_vector=vector)
-        cold = local_s3.counts()
-        local_s3.reset_counts()
-        warm_context = await build_local_context(store, QUERY, query_vector=vector)
-        warm = local_s3.counts()
-    finally:
-        await store.close()
-    assert warm_context.context_text == cold_context.context_text
-    assert cold.get > 0 and warm.get > 0  # row fetches always read the object store
-    assert warm.list == 0 and warm.put == 0
+
+    async def cold_and_warm(config: StoreConfig) -> tuple[Any, Any, Any]:
+        store = await open_store(dulce_s3_uri, storage_options=local_s3.storage_options(), config=config)
+        try:
+            local_s3.reset_counts()
+            cold_context = await build_local_context(store, QUERY, query_vector=vector)
+            cold = local_s3.counts()
+            local_s3.reset_counts()
+            warm_context = await build_local_context(store, QUERY, query_vector=vector)
+            assert warm_context.context_text == cold_context.context_text
+            return cold, local_s3.counts(), store
+        finally:
+            await store.close()
+
+    # defaults: a small index is wholly in memory after the first query
+    cold, warm, _ = await cold_and_warm(StoreConfig())
+    assert cold.get > 0 and warm.total == 0
+    # no table cache: row lookups read the store, but the vectors are not downloaded again
+    cold, warm, store = await cold_and_warm(StoreConfig(table_cache_bytes=0))
+    assert warm.get > 0 and warm.list == 0 and warm.put == 0
     vector_bytes = store.manifest.tables["entities"].rows * DIM * 4
     assert cold.bytes_out > vector_bytes > warm.bytes_out
-    assert warm.total < cold.total
 
 
 async def test_vector_cache_is_bounded_and_results_do_not_depend_on_it(dulce_db_uri, golden_entity_case):
