@@ -160,3 +160,10 @@ def test_demo_runs_offline_end_to_end(tmp_path):
     for stage in ("primer", "action", "reduce", "total"):
         assert stage in out
     assert (tmp_path / "demo" / "lancedb").is_dir()
+
+
+def test_public_api_names_resolve():
+    import drift_lance
+
+    missing = [name for name in drift_lance.__all__ if not hasattr(drift_lance, name)]
+    assert missing == []

