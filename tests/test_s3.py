@@ -7,11 +7,9 @@ from its generation while a re-ingest writes, and switches on reload (admin rout
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +18,7 @@ import pytest
 from drift_lance.cli import main as cli_main
 from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.config.settings import Settings
-from drift_lance.errors import StoreError
+from drift_lance.errors import ConfigError, StoreError
 from drift_lance.object_store import resolve_storage_options
 from drift_lance.testing import HashEmbedder, ScriptedEmbedder
 from drift_lance.testing.s3 import classify_request
@@ -219,7 +217,7 @@ def test_store_settings_from_config_file_and_environment(tmp_path, clean_aws_env
     assert settings.store.storage_options == {"aws_endpoint": "http://minio:9000"}
     clean_aws_env.setenv("DRIFT_LANCE_STORE__STORAGE_OPTIONS", '{"aws_region": "eu-west-1"}')
     assert Settings.load().store.storage_options == {"aws_region": "eu-west-1"}
-    with pytest.raises(Exception, match="reload_interval_seconds"):
+    with pytest.raises(ConfigError, match="store.reload_interval_seconds"):
         Settings.load(db="x").with_updates({"store.reload_interval_seconds": -1})
 
 
@@ -242,6 +240,12 @@ def _backend(settings: Settings, vector: np.ndarray, chat_model: Any = None):
     return EngineBackend(
         settings, chat_model=chat_model or scripted_drift_model(), embedder=ScriptedEmbedder({QUERY: vector})
     )
+
+
+def create_app_for(settings: Settings, vector: np.ndarray, chat_model: Any = None):
+    from drift_lance.service import create_app
+
+    return create_app(settings, backend=_backend(settings, vector, chat_model))
 
 
 class _QueryLoop:
@@ -342,12 +346,6 @@ def test_replicas_keep_answering_during_reingest_and_switch_after(
     assert after_b and all(after_b)
 
 
-def create_app_for(settings: Settings, vector: np.ndarray, chat_model: Any = None):
-    from drift_lance.service import create_app
-
-    return create_app(settings, backend=_backend(settings, vector, chat_model))
-
-
 def test_inflight_drift_search_finishes_on_its_generation(
     local_s3, clean_aws_env, s3_uri, dulce_dir, reingest_source, golden_entity_case, live_server
 ):
@@ -412,3 +410,26 @@ async def test_open_store_names_the_uri_when_nothing_was_ingested(local_s3, s3_u
 
     with pytest.raises(StoreError, match=s3_uri):
         await open_store(s3_uri, storage_options=local_s3.storage_options())
+
+
+async def test_reingest_on_s3_keeps_the_previous_generation_and_cleans_older(local_s3, s3_uri, dulce_dir):
+    """After three ingests, generation 2 (what a lagging replica may still pin) is readable and
+    generation 1's table versions are deleted from the bucket."""
+    import ingest
+    from drift_lance._lance_store import open_store
+
+    options = local_s3.storage_options()
+    for _ in range(3):
+        await ingest.run_ingest(dulce_dir, s3_uri, storage_options=options, progress=False)
+    previous = await open_store(s3_uri, storage_options=options, generation=2)
+    try:
+        assert (await previous.scan("entities", columns=["id"])).height == 39
+        assert sorted(await previous.generations()) == [1, 2, 3]
+    finally:
+        await previous.close()
+    oldest = await open_store(s3_uri, storage_options=options, generation=1)
+    try:
+        with pytest.raises(StoreError, match="entities"):
+            await oldest.count("entities")
+    finally:
+        await oldest.close()

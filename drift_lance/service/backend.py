@@ -69,6 +69,9 @@ class SearchBackend(Protocol):
 
     async def close(self) -> None: ...
 
+    # Optional: `async def reload() -> generations.ReloadResult` switches to the newest ingested
+    # generation (POST /v1/admin/reload answers 501 for a backend without it).
+
 
 def result_counts(result: SearchResult) -> dict[str, Any]:
     """The per-stage counts of a result: what the stream's final `done` event carries."""

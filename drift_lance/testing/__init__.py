@@ -4,6 +4,7 @@
 - `HashEmbedder` / `ScriptedEmbedder`: deterministic embedders, no model needed.
 - `FakeOpenAIServer`: the OpenAI HTTP protocol on 127.0.0.1, scriptable per request
   (imported lazily: `from drift_lance.testing import FakeOpenAIServer`).
+- `drift_lance.testing.s3.LocalS3`: moto's S3 server on 127.0.0.1 behind a request-counting proxy.
 """
 
 from __future__ import annotations
