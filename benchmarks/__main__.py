@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=_positive, default=10_000, help="entities in the synthetic index")
     p.add_argument("--dim", type=_positive, default=1536)
 
+    p = add("first-answer", "whole-process wall time and peak RSS of `drift-lance query` with an instant LLM")
+    p.add_argument("--rows", type=_positive, required=True, help="entities in the synthetic index")
+    p.add_argument("--dim", type=_positive, default=1536)
+    p.add_argument("--runs", type=_positive, default=5)
+
     p = add("startup", "engine start-up time and RSS on an ingested index")
     p.add_argument("--rows", type=_positive, required=True)
     p.add_argument("--dim", type=_positive, default=1536)
@@ -122,6 +127,10 @@ def _dispatch(args: argparse.Namespace, out: Path, work: Path) -> None:
         from benchmarks import drift_overhead
 
         drift_overhead.run_drift(args.latency_ms, args.queries, args.rows, args.dim, out, work)
+    elif args.command == "first-answer":
+        from benchmarks import drift_overhead
+
+        drift_overhead.run_first_answer(args.rows, args.dim, args.runs, out, work)
     elif args.command == "startup":
         from benchmarks import engine
 
@@ -157,6 +166,7 @@ def run_all(quick: bool, out: Path, work: Path) -> None:
         engine.run_startup(q["entities"], q["dim"], out, work)
         context.run_context(q["entities"], q["dim"], 5, out, work)
         drift_overhead.run_drift(20.0, q["drift_queries"], q["entities"], q["dim"], out, work)
+        drift_overhead.run_first_answer(q["entities"], q["dim"], 1, out, work)
         return
     for rows in (10_000, 100_000, 1_000_000):
         for dim in (384, 1536):
@@ -167,6 +177,7 @@ def run_all(quick: bool, out: Path, work: Path) -> None:
         context.run_context(rows, 1536, 50, out, work)
     drift_overhead.run_drift(200.0, 5, 10_000, 1536, out, work)
     engine.run_startup(1_000_000, 1536, out, work)
+    drift_overhead.run_first_answer(1_000_000, 1536, 5, out, work)
 
 
 if __name__ == "__main__":

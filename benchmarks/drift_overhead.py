@@ -14,6 +14,7 @@ import itertools
 import math
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks._harness import Record, latency_summary, log, run_case, write_records
@@ -22,20 +23,17 @@ from benchmarks.engine import ensure_ingested
 FOLLOW_UPS_PER_ANSWER = 3
 
 
-def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, Any]:
-    from drift_lance.config.drift import DRIFTSearchConfig
-    from drift_lance.config.models import ModelSettings
-    from drift_lance.drift import DriftCallbacks, open_drift_search
-    from drift_lance.testing import FakeOpenAIServer, Reply
+def stage_answerer(delay: float, follow_ups_per_answer: int = FOLLOW_UPS_PER_ANSWER) -> Callable[[Any], Any]:
+    """A FakeOpenAIServer chat handler that recognises each DRIFT stage by its prompt and answers
+    valid output after `delay` seconds (HyDE text, primer/local JSON with follow-ups, reduce text)."""
+    from drift_lance.testing import Reply
 
-    delay = latency_ms / 1000.0
     counter = itertools.count()
 
     def follow_ups() -> list[str]:
-        return [f"What else is known about topic {next(counter)}?" for _ in range(FOLLOW_UPS_PER_ANSWER)]
+        return [f"What else is known about topic {next(counter)}?" for _ in range(follow_ups_per_answer)]
 
     def answer(request: Any) -> Reply:
-        """Recognise each DRIFT stage by its prompt and answer valid output after `delay`."""
         messages = request.messages
         system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
         user = messages[-1]["content"] if messages else ""
@@ -48,6 +46,18 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
         if "---Research notes---" in system:
             return Reply(delay=delay, text="Final answer based on the research notes.")
         return Reply(delay=delay, text="# Hypothetical report\n\nA plausible community report about the query.")
+
+    return answer
+
+
+def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, Any]:
+    from drift_lance.config.drift import DRIFTSearchConfig
+    from drift_lance.config.models import ModelSettings
+    from drift_lance.drift import DriftCallbacks, open_drift_search
+    from drift_lance.testing import FakeOpenAIServer
+
+    delay = latency_ms / 1000.0
+    answer = stage_answerer(delay)
 
     class EpochSizes(DriftCallbacks):
         def __init__(self) -> None:
@@ -116,3 +126,72 @@ def run_drift(latency_ms: float, queries: int, rows: int, dim: int, out: Path, w
     )
     write_records(out, "drift", [record])
     return [record]
+
+
+# The configuration graphrag 3.3.0 was timed with in the DRIFT issue (8 chat calls): k=5, folds=1, depth=1.
+FIRST_ANSWER_SETTINGS = {"drift_k_followups": 5, "primer_folds": 1, "n_depth": 1}
+
+
+def first_answer_case(db: str, dim: int, runs: int) -> dict[str, Any]:
+    """Whole-process wall time and peak RSS of `drift-lance query` (a fresh interpreter each run,
+    from exec to printed answer) against an OpenAI-protocol server on 127.0.0.1 that answers at once.
+    This is what a user of the CLI waits for, imports and store open included."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from drift_lance.testing import FakeOpenAIServer
+
+    exe = shutil.which("drift-lance", path=os.path.dirname(sys.executable)) or shutil.which("drift-lance")
+    if exe is None:
+        raise RuntimeError("the drift-lance console script is not installed next to this Python")
+    walls, peaks, calls = [], [], []
+    with FakeOpenAIServer(embedding_dim=dim) as server:
+        # as many follow-ups as drift_k_followups, so the epoch is full: 1 + 1 + 5 + 1 = 8 chat calls
+        server.on_chat = stage_answerer(0.0, FIRST_ANSWER_SETTINGS["drift_k_followups"])
+        env = {**os.environ, "DRIFT_LANCE_CHAT_BACKEND": "openai", "DRIFT_LANCE_EMBEDDING_BACKEND": "openai",
+               "DRIFT_LANCE_CHAT_MODEL": "bench-chat", "DRIFT_LANCE_EMBEDDING_MODEL": "bench-embed",
+               "DRIFT_LANCE_EMBEDDING_DIMENSION": str(dim), "DRIFT_LANCE_BASE_URL": server.base_url,
+               "DRIFT_LANCE_MODEL_API_KEY": "sk-bench", "DRIFT_LANCE_MAX_RETRIES": "0"}
+        sets = [arg for key, value in FIRST_ANSWER_SETTINGS.items() for arg in ("--set", f"{key}={value}")]
+        for i in range(runs + 1):  # run 0 warms the OS page cache: not counted
+            before = len(server.chat_requests)
+            started = time.perf_counter()
+            with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+                proc = subprocess.Popen([exe, "query", f"What are the main themes of community {i}?", "--db", db,
+                                         *sets, "--json"], env=env, stdout=out_f, stderr=err_f, text=True)
+                _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak RSS, not the harness's
+                wall = time.perf_counter() - started
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                out_f.seek(0)
+                err_f.seek(0)
+                stdout, stderr = out_f.read(), err_f.read()
+            if proc.returncode != 0:
+                raise RuntimeError(f"drift-lance query failed: {stderr.strip()[-2000:]}")
+            result = json.loads(stdout)
+            if i == 0:
+                continue
+            walls.append(wall)
+            peaks.append(usage.ru_maxrss / 1024.0)
+            calls.append(len(server.chat_requests) - before)
+            assert result["response"], "empty answer"
+    return {**latency_summary(walls), "runs": len(walls), "process_peak_rss_mb": max(peaks),
+            "chat_calls": calls[-1], "settings": FIRST_ANSWER_SETTINGS}
+
+
+def run_first_answer(rows: int, dim: int, runs: int, out: Path, work: Path) -> Record:
+    meta = ensure_ingested(rows, dim, work, out)
+    log(f"DRIFT first answer, whole process: {rows:,} entities x {dim}, instant LLM, {runs} runs")
+    case = run_case("benchmarks.drift_overhead:first_answer_case", db=meta["db"], dim=dim, runs=runs)
+    record = Record(
+        benchmark="first_answer", rows=rows, dim=dim, method="drift_lance_cli_query",
+        p50_ms=case["p50_ms"], p95_ms=case["p95_ms"], p99_ms=case["p99_ms"], peak_rss_mb=case["process_peak_rss_mb"],
+        queries=case["runs"], params=case["settings"],
+        extra={"chat_calls": case["chat_calls"], "targets": {"wall_s": 3.0, "rss_mb": 1024},
+               "what": "exec of `drift-lance query --json` to exit; LLM server on 127.0.0.1 answering instantly"},
+    )
+    write_records(out, "first_answer", [record])
+    return record

@@ -24,6 +24,7 @@ def render_all(out: Path) -> Path:
         _context_section(out),
         _drift_section(out),
         _startup_section(out),
+        _first_answer_section(out),
     ]
     _plot_recall_latency(out)
     _plot_retrieval_scaling(out)
@@ -33,7 +34,8 @@ def render_all(out: Path) -> Path:
 
 
 def _all_records(out: Path) -> list[dict[str, Any]]:
-    return [r for name in ("retrieval", "sweep", "curves", "context", "drift", "ingest", "startup")
+    return [r for name in ("retrieval", "sweep", "curves", "context", "drift", "ingest", "startup",
+                                                 "first_answer")
             for r in load_records(out, name)]
 
 
@@ -136,6 +138,12 @@ def _drift_section(out: Path) -> str:
         ("critical_path_ms", "critical path ms"), ("overhead_pct", "overhead %"), ("llm_calls", "LLM calls/query"),
         ("prompt_tokens", "prompt tokens/query"), ("output_tokens", "output tokens/query"),
         ("peak_rss_mb", "peak RSS MB")])
+
+
+def _first_answer_section(out: Path) -> str:
+    return _simple_section(out, "first_answer", "DRIFT first answer, whole process (`drift-lance query`, instant LLM on 127.0.0.1)", [
+        ("rows", "entities"), ("dim", "dim"), ("method", "method"), ("p50_ms", "wall p50 ms"), ("p95_ms", "wall p95 ms"),
+        ("chat_calls", "chat calls"), ("peak_rss_mb", "process peak RSS MB")])
 
 
 def _startup_section(out: Path) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lancedb
+from drift_lance._lancedb import lancedb
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -190,14 +190,14 @@ class LanceStore:
         q = handle.vector_search(query).column(schema.VECTOR).distance_type("cosine")
         if info.vector_index:  # else LanceDB's flat scan (a table over the vector cache bound)
             q = q.nprobes(tuning.probes(info.vector_index_params.get("num_partitions")))
-            refine = tuning.refine_factor or (10 if info.vector_index == "IVF_PQ" else None)
+            refine = tuning.refine(info.vector_index)
             if refine:
                 q = q.refine_factor(refine)
             if tuning.ef:
                 q = q.ef(tuning.ef)
         q = q.limit(k).with_row_id()
         if columns is not None:
-            q = q.select(list(columns))
+            q = q.select([*columns, "_distance"])  # named, or lance warns it will stop adding it
         result = pl.from_arrow(await q.to_arrow())
         assert isinstance(result, pl.DataFrame)
         # Ties by row id keep equal-similarity results in a stable, reproducible order.
@@ -223,10 +223,10 @@ class LanceStore:
                 take = take.select(list(columns))
             frame = pl.from_arrow(await take.to_arrow())
             assert isinstance(frame, pl.DataFrame)
-        # take does not promise an order: put rows back in score order via their row ids.
-        position = {int(r): i for i, r in enumerate(frame["_rowid"].to_list())}
-        frame = frame[[position[int(r)] for r in wanted]].drop("_rowid")
-        return frame.with_columns(pl.Series(SIMILARITY, scores[top].astype(np.float64)))
+            # take does not promise an order: put rows back in score order via their row ids.
+            position = {int(r): i for i, r in enumerate(frame["_rowid"].to_list())}
+            frame = frame[[position[int(r)] for r in wanted]]
+        return frame.drop("_rowid").with_columns(pl.Series(SIMILARITY, scores[top].astype(np.float64)))
 
     async def _exact_index(self, table: str) -> _ExactIndex | None:
         """The table's vectors as a matrix (cached), or None when it would not fit the cache bound."""
@@ -275,14 +275,14 @@ class LanceStore:
             return rows
 
     async def _cached_take(self, table: str, row_ids: np.ndarray, columns: Sequence[str] | None) -> pl.DataFrame | None:
-        """Rows by LanceDB row id from the table cache (with `_rowid`), or None to read LanceDB."""
+        """Rows by LanceDB row id from the table cache, in the order given (with `_rowid`), or None
+        to read LanceDB."""
         if columns is None or schema.VECTOR in columns:
             return None
         rows = await self._cached_rows(table)
         if rows is None or not set(columns) <= set(rows.column_names):
             return None
-        positions = pc.index_in(pa.array(row_ids, type=rows.schema.field("_rowid").type), value_set=rows.column("_rowid"))
-        frame = pl.from_arrow(rows.take(positions).select([*columns, "_rowid"]))
+        frame = pl.from_arrow(rows.select([*columns, "_rowid"]).take(_positions_of(rows, row_ids)))
         assert isinstance(frame, pl.DataFrame)
         return frame
 
@@ -399,6 +399,15 @@ class LanceStore:
         if with_similarity:
             frame = frame.with_columns(pl.Series(SIMILARITY, [], dtype=pl.Float64))
         return frame
+
+
+def _positions_of(rows: pa.Table, row_ids: np.ndarray) -> pa.Array:
+    """Positions in `rows` (a cached table with `_rowid`) of the given row ids. Cached tables come
+    back in row-id order, so a binary search does it without hashing every row id per query."""
+    table_ids = rows.column("_rowid").to_numpy()
+    if table_ids.size > 1 and not bool(np.all(table_ids[1:] > table_ids[:-1])):
+        return pc.index_in(pa.array(row_ids, type=rows.schema.field("_rowid").type), value_set=rows.column("_rowid"))
+    return pa.array(np.searchsorted(table_ids, row_ids))
 
 
 def _top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:

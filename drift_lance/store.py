@@ -32,7 +32,7 @@ class TableInfo(BaseModel):
     name: str
     version: int  # LanceDB table version pinned by this manifest
     rows: int
-    vector_index: str | None = None  # e.g. "IVF_FLAT" when an ANN index exists, else None
+    vector_index: str | None = None  # e.g. "IVF_RQ" when an ANN index exists, else None
     vector_index_params: dict[str, Any] = Field(default_factory=dict)  # build params, e.g. num_partitions
     scalar_indexes: list[str] = Field(default_factory=list)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import lancedb
+from drift_lance._lancedb import lancedb
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -80,13 +80,15 @@ def index_params(config: VectorIndexConfig, rows: int, dim: int) -> dict[str, An
 
 
 def _vector_index(config: VectorIndexConfig, rows: int, dim: int) -> Any:
-    from lancedb.index import HnswSq, IvfFlat, IvfPq
+    from lancedb.index import HnswSq, IvfFlat, IvfPq, IvfRq
 
     params = index_params(config, rows, dim)
     if config.type == "IVF_HNSW_SQ":
         return HnswSq(distance_type=config.distance_type, **params)
     if config.type == "IVF_PQ":
         return IvfPq(distance_type=config.distance_type, **params)
+    if config.type == "IVF_RQ":
+        return IvfRq(distance_type=config.distance_type, **params)
     return IvfFlat(distance_type=config.distance_type, **params)
 
 

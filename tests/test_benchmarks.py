@@ -40,7 +40,7 @@ def quick_results(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_quick_run_writes_records_with_required_fields(quick_results):
-    for name in ("retrieval", "sweep", "curves", "ingest", "startup", "context", "drift"):
+    for name in ("retrieval", "sweep", "curves", "ingest", "startup", "context", "drift", "first_answer"):
         records = json.loads((quick_results / f"{name}.json").read_text())
         assert isinstance(records, list) and records, name
         for record in records:
@@ -85,6 +85,9 @@ def test_quick_drift_ingest_and_startup_records_are_consistent(quick_results):
         assert ingest["extra"]["rows_per_s"] > 0 and ingest["extra"]["rows_by_table"]["entities"] == ingest["rows"]
     (startup,) = load_records(quick_results, "startup")
     assert startup["extra"]["startup_s"] > 0 and startup["extra"]["rss_mb"] > 0
+    (first,) = load_records(quick_results, "first_answer")  # a real `drift-lance query` process
+    assert first["extra"]["chat_calls"] == 8  # HyDE + 1 primer fold + 5 follow-ups + reduce
+    assert first["p50_ms"] > 0 and first["peak_rss_mb"] > 0
 
 
 @pytest.mark.slow
@@ -92,7 +95,7 @@ def test_quick_drift_ingest_and_startup_records_are_consistent(quick_results):
 def test_quick_run_renders_markdown_and_png_plots(quick_results):
     text = (quick_results / "results.md").read_text()
     for heading in ("## Retrieval", "## ANN index sweep", "## Ingest", "## Local-search context", "## End-to-end DRIFT",
-                    "## Engine start-up"):
+                    "## Engine start-up", "## DRIFT first answer"):
         assert heading in text
     assert "numpy_exact" in text and "Machine: " in text
     plots = sorted(quick_results.glob("*.png"))

@@ -425,7 +425,7 @@ async def test_ann_index_built_at_threshold(tmp_path):
     src = generate_index(tmp_path / "src", n_entities=600, dim=32, seed=3)
     config = IngestConfig(ann_min_rows=500)
     report = await ingest.run_ingest(src, str(tmp_path / "db"), config=config, progress=False)
-    assert report.manifest.tables["entities"].vector_index == "IVF_FLAT"
+    assert report.manifest.tables["entities"].vector_index == "IVF_RQ"
     assert report.manifest.tables["entities"].vector_index_params == {"num_partitions": 24}  # round(sqrt(600))
     assert report.manifest.tables["community_reports"].vector_index is None  # 600/16 rows: below
     db = await lancedb.connect_async(str(tmp_path / "db"))

@@ -113,3 +113,8 @@ def test_truncate_keeps_a_token_prefix():
 )
 def test_encoding_for_model(model, encoding):
     assert encoding_for_model(model) == encoding
+
+
+def test_unknown_encoding_is_rejected_immediately():
+    with pytest.raises(ValueError, match="unknown token encoding 'p50k_edit'"):
+        get_tokenizer("p50k_edit")

@@ -141,7 +141,7 @@ async def test_reader_stays_pinned_while_a_new_generation_lands(dulce_dir, carol
     assert new.manifest.vectors["entities"].dimension == 16
 
 
-@pytest.fixture(scope="module", params=["IVF_FLAT", "IVF_PQ", "IVF_HNSW_SQ"])
+@pytest.fixture(scope="module", params=["IVF_RQ", "IVF_FLAT", "IVF_PQ", "IVF_HNSW_SQ"])
 def ann_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """A synthetic index with an ANN index of each supported type on entities (threshold 1500 rows)."""
     import asyncio
@@ -155,16 +155,18 @@ def ann_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 def test_automatic_nprobes():
     tuning = StoreConfig().search
-    assert tuning.probes(1000) == 100  # 10% of the partitions ...
+    assert tuning.probes(1000) == 300  # 30% of the partitions ...
     assert tuning.probes(55) == 20  # ... but at least 20
     assert tuning.probes(8) == 8  # ... and never more than there are
     assert StoreConfig(search={"nprobes": 7}).search.probes(1000) == 7
+    assert tuning.refine("IVF_RQ") == 5 and tuning.refine("IVF_PQ") == 10 and tuning.refine("IVF_FLAT") is None
+    assert StoreConfig(search={"refine_factor": 2}).search.refine("IVF_RQ") == 2
 
 
 async def test_ann_search_recall_against_exact(ann_db):
     uri, _ = ann_db
     store = await open_store(uri)
-    assert store.manifest.tables["entities"].vector_index in {"IVF_FLAT", "IVF_PQ", "IVF_HNSW_SQ"}
+    assert store.manifest.tables["entities"].vector_index in {"IVF_RQ", "IVF_FLAT", "IVF_PQ", "IVF_HNSW_SQ"}
     assert store.manifest.tables["entities"].vector_index_params["num_partitions"] >= 1
     everything = await store.scan("entities", columns=["id", "vector"])
     matrix = np.stack(everything["vector"].to_numpy())
@@ -189,3 +191,21 @@ async def test_ann_table_fetch_is_exact(ann_db):
     found = await store.fetch("entities", "id", ids, columns=["id"])
     assert sorted(found["id"]) == sorted(ids)
     await store.close()
+
+
+def test_lancedb_rest_client_loads_on_first_use_only():
+    # Start-up: the store imports lancedb without the REST namespace client's API modules (see
+    # drift_lance/_lancedb.py); the client must still work for anyone who touches it.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, drift_lance._lance_store\n"
+        "assert 'lance_namespace_urllib3_client.api' not in sys.modules\n"
+        "import lance_namespace_urllib3_client as client\n"
+        "assert client.ApiClient.__name__ == 'ApiClient' and 'lance_namespace_urllib3_client.api' in sys.modules\n"
+        "import lancedb; assert lancedb.connect is not None\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr

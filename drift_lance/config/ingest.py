@@ -2,8 +2,11 @@
 
 Defaults come from measurements on a 2-core machine (see README, section "Ingest"): below
 `ann_min_rows` rows a table gets no ANN index and the store answers with an exact in-memory scan;
-above it an IVF_FLAT index with sqrt(rows) partitions, probed at >= 10% of its partitions, keeps
-recall@10 >= 0.95 and builds in seconds (IVF_HNSW_SQ and IVF_PQ took minutes to build at 10^5 rows).
+above it an IVF_RQ index (RaBitQ, 1 bit per dimension) with sqrt(rows) partitions, probed at 30% of
+its partitions and re-ranked with full vectors (refine_factor 5). At 10^6 x 384 entities that gave
+recall@10 0.953 at 8.4 ms p50 with a 65 MB index and flat memory, where IVF_FLAT (the previous
+default) reached only 0.906 at 10% of its partitions, took 17-31 ms, and its cached partitions (full
+vectors) grew the process to 1.6 GB. IVF_HNSW_SQ and IVF_PQ took minutes to build at 10^5 rows.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-VectorIndexType = Literal["IVF_HNSW_SQ", "IVF_PQ", "IVF_FLAT"]
+VectorIndexType = Literal["IVF_RQ", "IVF_HNSW_SQ", "IVF_PQ", "IVF_FLAT"]
 
 
 class VectorIndexConfig(BaseModel):
@@ -21,8 +24,8 @@ class VectorIndexConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: VectorIndexType = "IVF_FLAT"
-    # IVF partitions; None = round(sqrt(rows)) for IVF_FLAT / IVF_PQ, max(1, rows // 100_000)
+    type: VectorIndexType = "IVF_RQ"
+    # IVF partitions; None = round(sqrt(rows)) for IVF_RQ / IVF_FLAT / IVF_PQ, max(1, rows // 100_000)
     # for IVF_HNSW_SQ (an HNSW graph per partition: fewer, larger partitions recall better).
     num_partitions: int | None = None
     # IVF_PQ only: sub-vectors per vector; None = dim / 16 (LanceDB default is dim / 16 too).
@@ -50,12 +53,18 @@ class SearchTuning(BaseModel):
     nprobes: int | None = Field(
         default=None, ge=1, description="IVF partitions probed per query; None = nprobes_fraction of the partitions"
     )
-    nprobes_fraction: float = Field(default=0.1, gt=0, le=1, description="share of partitions probed when nprobes is None")
+    nprobes_fraction: float = Field(default=0.3, gt=0, le=1, description="share of partitions probed when nprobes is None")
     min_nprobes: int = Field(default=20, ge=1, description="lower bound of the automatic nprobes")
     refine_factor: int | None = Field(
-        default=None, ge=1, description="re-rank k*refine_factor candidates with full vectors; None = 10 for IVF_PQ"
+        default=None, ge=1, description="re-rank k*refine_factor candidates with full vectors; None = 5 for IVF_RQ, 10 for IVF_PQ"
     )
     ef: int | None = Field(default=None, ge=1, description="HNSW search beam; None = LanceDB default")
+
+    def refine(self, index_type: str | None) -> int | None:
+        """Re-ranking factor for an index of `index_type` (quantized indexes re-rank by default)."""
+        if self.refine_factor is not None:
+            return self.refine_factor
+        return {"IVF_RQ": 5, "IVF_PQ": 10}.get(index_type or "")
 
 
 class StoreConfig(BaseModel):
@@ -80,7 +89,9 @@ class StoreConfig(BaseModel):
     table_cache_bytes: int = Field(default=256 * 2**20, ge=0)
     # LanceDB's own caches (opened index data; file metadata), shared by every table of a store and
     # handed on to the next generation's store on reload. None = LanceDB's defaults (6 GiB, 1 GiB).
-    index_cache_bytes: int | None = Field(default=None, ge=0)
+    # 512 MiB holds the IVF_RQ index of 10^6 x 1536 vectors (~250 MB) plus scalar-index pages, and
+    # keeps a long-running service's memory bounded whatever the corpus size.
+    index_cache_bytes: int | None = Field(default=512 * 2**20, ge=0)
     metadata_cache_bytes: int | None = Field(default=None, ge=0)
 
 

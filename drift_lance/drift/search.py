@@ -26,7 +26,7 @@ from drift_lance.drift.primer import DRIFTPrimer, check_embedder, failed_call_us
 from drift_lance.drift.prompts import DriftPrompts, load_prompts
 from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
 from drift_lance.drift.state import QueryState
-from drift_lance.models.base import ChatModel, ChatParams, Embedder, Message, Usage
+from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage
 from drift_lance.store import IndexStore
 
 __all__ = ["ContextBuilder", "DRIFTSearch", "DriftStream", "local_config_for_drift", "open_drift_search"]
@@ -256,20 +256,15 @@ class DRIFTSearch:
         )
 
 
-class DriftStream:
+class DriftStream(GeneratorStream):
     """Reduce deltas of one DRIFT query; `result` is set once the stream has been exhausted."""
 
     def __init__(self, search: DRIFTSearch, query: str, callbacks: Sequence[DriftCallbacks]):
+        super().__init__()
         self._search = search
         self._query = query
         self._callbacks = callbacks
-        self._gen: AsyncIterator[str] | None = None
         self.result: SearchResult | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        if self._gen is None:
-            self._gen = self._run()
-        return self._gen
 
     async def _run(self) -> AsyncIterator[str]:
         search = self._search

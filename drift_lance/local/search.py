@@ -21,7 +21,7 @@ from drift_lance.config.local import LocalSearchConfig
 from drift_lance.drift.result import SearchResult, to_jsonable
 from drift_lance.errors import ConfigError
 from drift_lance.local.context import LocalContext, LocalContextBuilder
-from drift_lance.models.base import ChatModel, ChatParams, Embedder, Message, ModelError, Usage
+from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, ModelError, Usage
 
 __all__ = ["LocalSearch", "load_local_prompt"]
 
@@ -125,22 +125,17 @@ class LocalSearch:
         )
 
 
-class LocalStream:
+class LocalStream(GeneratorStream):
     """Text deltas of one local search; `result` (a SearchResult) is set once it is exhausted."""
 
     def __init__(self, search: LocalSearch, query: str, *, query_vector: Any, conversation_history: Any,
                  response_type: str | None, overrides: dict[str, Any]):
+        super().__init__()
         self._search = search
         self._query = query
         self._kwargs = dict(query_vector=query_vector, conversation_history=conversation_history, **overrides)
         self._response_type = response_type
-        self._gen: AsyncIterator[str] | None = None
         self.result: SearchResult | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        if self._gen is None:
-            self._gen = self._run()
-        return self._gen
 
     async def _run(self) -> AsyncIterator[str]:
         search = self._search

@@ -92,6 +92,27 @@ class ChatStream(Protocol):
     async def aclose(self) -> None: ...
 
 
+class GeneratorStream:
+    """A ChatStream driven by one async generator, `_run()`, that yields the deltas and sets
+    `usage` when done. Started on first iteration; `aclose()` closes it (its `finally` blocks run)."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self._gen: AsyncIterator[str] | None = None
+
+    def _run(self) -> AsyncIterator[str]:
+        raise NotImplementedError
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        if self._gen is None:
+            self._gen = self._run()
+        return self._gen
+
+    async def aclose(self) -> None:
+        if self._gen is not None:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+
+
 @runtime_checkable
 class ChatModel(Protocol):
     """An async chat model. Implementations must be safe to call concurrently."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from drift_lance.models.base import ChatModel, ChatParams, ChatResult, Message, Usage
+from drift_lance.models.base import ChatModel, ChatParams, ChatResult, GeneratorStream, Message, Usage
 from drift_lance.models.structured import parse_structured
 
 _SCHEMA_VERSION = 1
@@ -113,25 +113,15 @@ class CachedChatModel:
         return CachedStream(self, list(messages), params)
 
 
-class CachedStream:
+class CachedStream(GeneratorStream):
     """Replays a cached answer as one delta, or streams from the inner model and stores the
     complete answer once the stream is exhausted (an abandoned stream is not stored)."""
 
     def __init__(self, owner: CachedChatModel, messages: list[Message], params: ChatParams | None):
+        super().__init__()
         self._owner = owner
         self._messages = messages
         self._params = params
-        self.usage = Usage()
-        self._gen: AsyncIterator[str] | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        if self._gen is None:
-            self._gen = self._run()
-        return self._gen
-
-    async def aclose(self) -> None:
-        if self._gen is not None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
 
     async def _run(self) -> AsyncIterator[str]:
         owner = self._owner

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from drift_lance.config.models import LOCAL_CHAT_MODEL, ModelSettings
 from drift_lance.errors import ConfigError
-from drift_lance.models.base import ChatParams, ChatResult, Message, ModelError, Usage
+from drift_lance.models.base import ChatParams, ChatResult, GeneratorStream, Message, ModelError, Usage
 from drift_lance.models.structured import parse_structured, response_schema, schema_instruction
 
 log = logging.getLogger(__name__)
@@ -181,27 +181,20 @@ def _with_system(payload: list[dict], instruction: str) -> list[dict]:
     return [{"role": "system", "content": instruction}, *payload]
 
 
-class LlamaCppStream:
+class LlamaCppStream(GeneratorStream):
     """Deltas from the worker thread, delivered on the caller's event loop. `aclose()` (or
     cancelling the consumer) stops generation after the current token."""
 
     def __init__(self, model: LlamaCppChatModel, messages: Sequence[Message], params: ChatParams | None,
                  response_model: type[BaseModel] | None):
+        super().__init__()
         self._model = model
         self._kwargs = model._request(messages, params, response_model)
-        self.usage = Usage()
         self._stop = threading.Event()
-        self._gen: AsyncIterator[str] | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        if self._gen is None:
-            self._gen = self._run()
-        return self._gen
 
     async def aclose(self) -> None:
         self._stop.set()
-        if self._gen is not None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
+        await super().aclose()
 
     async def _run(self) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()

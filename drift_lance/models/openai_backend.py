@@ -34,7 +34,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.wait import wait_base
 
 from drift_lance.config.models import ModelSettings
-from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, Message, ModelError, Usage
+from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, Usage
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
 from drift_lance.models.structured import parse_structured, response_format_for, schema_instruction
 from drift_lance.models.tokens import tokenizer_for_model
@@ -374,25 +374,15 @@ def _usage_from(response: Any) -> Usage | None:
     return Usage(int(usage.prompt_tokens or 0), int(getattr(usage, "completion_tokens", 0) or 0), 1)
 
 
-class OpenAIChatStream:
+class OpenAIChatStream(GeneratorStream):
     """Text deltas of one streamed completion. Holds a concurrency slot while open; `aclose()`
     closes the HTTP response (the server sees the disconnect)."""
 
     def __init__(self, model: OpenAIChatModel, messages: list[dict], kwargs: dict[str, Any]):
+        super().__init__()
         self._model = model
         self._messages = messages
         self._kwargs = kwargs
-        self.usage = Usage()
-        self._gen: AsyncIterator[str] | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        if self._gen is None:
-            self._gen = self._run()
-        return self._gen
-
-    async def aclose(self) -> None:
-        if self._gen is not None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
 
     async def _open(self) -> Any:
         model = self._model

@@ -29,6 +29,7 @@ from drift_lance.models.base import (
     ChatParams,
     ChatResult,
     EmbedKind,
+    GeneratorStream,
     Message,
     ModelError,
     Usage,
@@ -158,19 +159,13 @@ class ScriptedChatModel:
         return usage
 
 
-class ScriptedStream:
+class ScriptedStream(GeneratorStream):
     """ChatStream of a ScriptedChatModel: the answer split into word deltas."""
 
     def __init__(self, model: ScriptedChatModel, call: RecordedCall):
+        super().__init__()
         self._model = model
         self._call = call
-        self.usage = Usage()
-        self._gen: AsyncIterator[str] | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        if self._gen is None:
-            self._gen = self._run()
-        return self._gen
 
     async def _run(self) -> AsyncIterator[str]:
         model = self._model
@@ -185,10 +180,6 @@ class ScriptedStream:
         finally:
             model._leave(self._call)
         self.usage = model._usage(self._call.messages, text)
-
-    async def aclose(self) -> None:
-        if self._gen is not None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
 
 
 def split_deltas(text: str) -> list[str]:
