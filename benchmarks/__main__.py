@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queries", type=_positive, default=200)
     p.add_argument("--methods", default="lancedb_ann,lancedb_flat,numpy_exact,engine",
                    help="comma-separated subset of lancedb_ann,lancedb_flat,numpy_exact,engine")
+    _graphrag_option(p)
 
     p = add("sweep", "ANN index-type sweep (recall-latency curves) and the index recommendation")
     p.add_argument("--rows", type=_positive, required=True)
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=_positive, required=True, help="entities in the synthetic index")
     p.add_argument("--queries", type=_positive, default=30)
     p.add_argument("--dim", type=_positive, default=1536)
+    _graphrag_option(p)
 
     p = add("drift", "end-to-end DRIFT against a fake OpenAI server with a fixed latency")
     p.add_argument("--latency-ms", type=float, default=200.0)
@@ -86,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _graphrag_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--graphrag-python", default=None, metavar="PATH",
+                   help="interpreter of a virtualenv with graphrag==3.3.0, to run graphrag's own code side by side "
+                        "(default: $DRIFT_LANCE_GRAPHRAG_PYTHON, or this interpreter if it imports graphrag)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     work = args.work or work_dir()
@@ -110,7 +118,8 @@ def _dispatch(args: argparse.Namespace, out: Path, work: Path) -> None:
 
     if args.command == "retrieval":
         retrieval.run_retrieval(args.rows, args.dim, args.queries, out, work,
-                                methods=[m.strip() for m in args.methods.split(",") if m.strip()])
+                                methods=[m.strip() for m in args.methods.split(",") if m.strip()],
+                                graphrag=args.graphrag_python)
     elif args.command == "sweep":
         from benchmarks.recommend import write_recommendation
 
@@ -122,7 +131,7 @@ def _dispatch(args: argparse.Namespace, out: Path, work: Path) -> None:
     elif args.command == "context":
         from benchmarks import context
 
-        context.run_context(args.rows, args.dim, args.queries, out, work)
+        context.run_context(args.rows, args.dim, args.queries, out, work, graphrag=args.graphrag_python)
     elif args.command == "drift":
         from benchmarks import drift_overhead
 

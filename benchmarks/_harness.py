@@ -135,14 +135,15 @@ class CaseFailed(RuntimeError):
     """A benchmark case subprocess exited non-zero or printed no result."""
 
 
-def run_case(target: str, timeout_s: float | None = None, **kwargs: Any) -> dict[str, Any]:
-    """Run `module:function(**kwargs)` in a fresh interpreter and return its result dict, with
-    `peak_rss_mb` (the child's own peak) and `wall_s` added. A fresh process per case keeps one
-    case's memory and caches out of the next one's numbers."""
+def run_case(target: str, timeout_s: float | None = None, *, python: str | None = None,
+             env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Run `module:function(**kwargs)` in a fresh interpreter (`python`, default this one) and return
+    its result dict, with `peak_rss_mb` (the child's own peak) and `wall_s` added. A fresh process per
+    case keeps one case's memory and caches out of the next one's numbers."""
     spec = json.dumps({"target": target, "kwargs": kwargs})
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": _pythonpath()}
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks._worker", spec],
+        [python or sys.executable, "-m", "benchmarks._worker", spec],
         capture_output=True,
         text=True,
         env=env,

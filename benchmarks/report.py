@@ -129,7 +129,9 @@ def _ingest_section(out: Path) -> str:
 def _context_section(out: Path) -> str:
     return _simple_section(out, "context", "Local-search context building", [
         ("rows", "entities"), ("dim", "dim"), ("method", "method"), ("p50_ms", "p50 ms"), ("p95_ms", "p95 ms"),
-        ("p99_ms", "p99 ms"), ("qps", "QPS (1)"), ("qps_concurrent", "QPS (8)"), ("peak_rss_mb", "peak RSS MB")])
+        ("p99_ms", "p99 ms"), ("qps", "QPS (1)"), ("qps_concurrent", "QPS (8)"), ("peak_rss_mb", "peak RSS MB"),
+        ("mean_context_tokens", "mean context tokens"), ("load_s", "graphrag load s"),
+        ("identical_contexts", "contexts identical to drift-lance's")])
 
 
 def _drift_section(out: Path) -> str:

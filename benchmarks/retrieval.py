@@ -9,7 +9,6 @@ reads and caches.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +75,17 @@ def sweep_specs(rows: int, dim: int) -> list[tuple[IndexSpec, list[dict[str, Any
 
 
 # ---------------------------------------------------------------- subprocess case bodies
+
+def drop_vector_index_case(db: str) -> dict[str, Any]:
+    """Remove an ANN index an earlier run built on the benchmark table (exact methods need none)."""
+    import lancedb
+
+    table = lancedb.connect(db).open_table(TABLE)
+    dropped = [i.name for i in table.list_indices() if "vector" in i.columns]
+    for name in dropped:
+        table.drop_index(name)
+    return {"dropped": dropped}
+
 
 def build_index_case(db: str, index_type: str, build: dict[str, Any]) -> dict[str, Any]:
     """Build (replace) the table's vector index; report wall time."""
@@ -313,8 +323,11 @@ def prepare(rows: int, dim: int, queries: int, work: Path) -> dict[str, Any]:
 
 def run_retrieval(rows: int, dim: int, queries: int, out: Path, work: Path, *,
                   methods: Sequence[str] = ("lancedb_ann", "lancedb_flat", "numpy_exact", "engine"),
-                  ) -> list[Record]:
-    """The headline comparison at one (rows, dim), plus the recall-latency curve of the chosen index."""
+                  graphrag: str | None = None) -> list[Record]:
+    """The headline comparison at one (rows, dim), plus the recall-latency curve of the chosen index;
+    graphrag's own vector-store query first (before any ANN index exists on the table, as graphrag's
+    tables have none for rows added after creation) when a graphrag interpreter is available."""
+    from benchmarks import graphrag_side
     from benchmarks.recommend import chosen_index
 
     meta = prepare(rows, dim, queries, work)
@@ -323,6 +336,17 @@ def run_retrieval(rows: int, dim: int, queries: int, out: Path, work: Path, *,
     def add(new: list[Record]) -> None:
         write_records(out, "retrieval", new)
         records.extend(new)
+
+    python = graphrag_side.graphrag_python(graphrag)
+    if python is None:
+        graphrag_side.not_available_note()
+    else:
+        sample = min(queries, 50 if rows <= 10_000 else 10)  # it scans every vector per query
+        log(f"  graphrag LanceDBVectorStore.similarity_search_by_vector ({sample} queries)")
+        run_case("benchmarks.retrieval:drop_vector_index_case", db=meta["db"])
+        add(_records_from(run_case("benchmarks.graphrag_side:graphrag_vector_search_case", python=python,
+                                   db=meta["db"], dataset_dir=meta["dir"], table=TABLE, dim=dim, queries=sample),
+                          rows=rows, dim=dim, method="graphrag_vector_store", concurrent=False))
 
     if "numpy_exact" in methods:
         log("  numpy brute force")
@@ -360,8 +384,6 @@ def run_retrieval(rows: int, dim: int, queries: int, out: Path, work: Path, *,
         from benchmarks import engine
 
         records += engine.run_engine_retrieval(rows, dim, out, work)
-    if importlib.util.find_spec("graphrag") is None:
-        log("  graphrag not installed (optional extra): no side-by-side graphrag case")
     return records
 
 

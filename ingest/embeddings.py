@@ -57,60 +57,115 @@ class FoundVectors:
 def vectors_to_matrix(column: pa.ChunkedArray | pa.Array, where: str) -> np.ndarray:
     """A list / fixed-size-list vector column as a (rows, dim) float32 matrix; IngestError on nulls
     or mixed dimensions (naming `where`)."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if len(array) == 0:
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if len(column) == 0:
         return np.zeros((0, 0), dtype=np.float32)
-    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or pa.types.is_fixed_size_list(array.type)):
-        raise IngestError(f"{where} has type {array.type}, expected a list of floats")
-    if not (pa.types.is_floating(array.type.value_type) or pa.types.is_integer(array.type.value_type)):
-        raise IngestError(f"{where} has type {array.type}, expected a list of floats")
-    if array.null_count:
-        raise IngestError(f"{where}: {array.null_count} rows have no vector (null)")
-    if pa.types.is_fixed_size_list(array.type):
-        dim = array.type.list_size
+    dim = _vector_dimension(column.type, column, where)
+    matrix = np.empty((len(column), dim), dtype=np.float32)
+    row = 0
+    for chunk in chunks:
+        row = _fill_rows(matrix, row, chunk, where)
+    return normalise_rows(matrix, where)
+
+
+def _vector_dimension(typ: pa.DataType, column: pa.ChunkedArray | pa.Array, where: str) -> int:
+    """The one dimension of a vector column (checked: list of numbers, no nulls, one length)."""
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
+        raise IngestError(f"{where} has type {typ}, expected a list of floats")
+    if not (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type)):
+        raise IngestError(f"{where} has type {typ}, expected a list of floats")
+    if column.null_count:
+        raise IngestError(f"{where}: {column.null_count} rows have no vector (null)")
+    if pa.types.is_fixed_size_list(typ):
+        dim = typ.list_size
     else:
-        lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
-        dims = np.unique(lengths)
+        dims = np.unique(pc.list_value_length(column).to_numpy(zero_copy_only=False))
         if len(dims) != 1:
             raise IngestError(f"{where}: vectors have mixed dimensions {dims.tolist()[:5]}")
         dim = int(dims[0])
     if dim == 0:
         raise IngestError(f"{where}: vectors are empty (dimension 0)")
-    flat = pc.list_flatten(array).to_numpy(zero_copy_only=False)
-    if len(flat) != len(array) * dim:  # sliced or nested-null storage; take the slow exact path
-        flat = np.asarray(array.to_pylist(), dtype=np.float64).reshape(-1)
-    return normalise_rows(flat.astype(np.float32, copy=False).reshape(len(array), dim), where)
+    return dim
+
+
+def _fill_rows(matrix: np.ndarray, row: int, chunk: pa.Array, where: str) -> int:
+    """Copy one chunk of vectors into `matrix` from `row` on (cast to float32); the next free row.
+    Chunk by chunk, so a 10^6 x 1536 column never exists twice in memory."""
+    n, dim = len(chunk), matrix.shape[1]
+    if n == 0:
+        return row
+    if pa.types.is_fixed_size_list(chunk.type) and chunk.type.list_size != dim:
+        raise IngestError(f"{where}: vectors have mixed dimensions {[dim, chunk.type.list_size]}")
+    flat = pc.list_flatten(chunk).to_numpy(zero_copy_only=False)
+    if len(flat) != n * dim:  # sliced or nested-null storage, or a length that differs: exact path
+        try:
+            flat = np.asarray(chunk.to_pylist(), dtype=np.float64).reshape(-1)
+        except ValueError as exc:
+            raise IngestError(f"{where}: vectors have mixed dimensions ({exc})") from exc
+        if len(flat) != n * dim:
+            raise IngestError(f"{where}: vectors have mixed dimensions (expected {dim})")
+    matrix[row : row + n] = flat.reshape(n, dim)
+    return row + n
 
 
 def normalise_rows(matrix: np.ndarray, where: str) -> np.ndarray:
-    """Validate (finite, non-zero) and L2-normalise each row, so cosine = dot product."""
-    bad = ~np.isfinite(matrix).all(axis=1)
-    if bad.any():
-        raise IngestError(f"{where}: {int(bad.sum())} vectors contain NaN or inf (first at row {int(np.argmax(bad))})")
-    norms = np.linalg.norm(matrix, axis=1)
-    zero = norms == 0
-    if zero.any():
-        raise IngestError(f"{where}: {int(zero.sum())} vectors are all zeros (first at row {int(np.argmax(zero))})")
-    return np.ascontiguousarray((matrix / norms[:, None]).astype(np.float32, copy=False))
+    """Validate (finite, non-zero) and L2-normalise each row in place (cosine = dot product).
+    `matrix` must be a float32 array the caller owns; it is returned."""
+    block = 65_536  # rows per step: the temporaries stay small whatever the table size
+    for start in range(0, matrix.shape[0], block):
+        part = matrix[start : start + block]
+        bad = ~np.isfinite(part).all(axis=1)
+        if bad.any():
+            first = start + int(np.argmax(bad))
+            raise IngestError(f"{where}: vectors contain NaN or inf (first at row {first})")
+        norms = np.linalg.norm(part, axis=1)
+        zero = norms == 0
+        if zero.any():
+            raise IngestError(f"{where}: vectors are all zeros (first at row {start + int(np.argmax(zero))})")
+        part /= norms[:, None]
+    return matrix
 
 
 def _from_arrow(table: pa.Table, where: str, source: str) -> FoundVectors:
-    if "id" not in table.column_names:
-        raise IngestError(f"{where}: required column 'id' is missing")
-    vector_col = next((c for c in _VECTOR_COLUMNS if c in table.column_names), None)
-    if vector_col is None:
-        raise IngestError(f"{where}: no vector column ('vector' or 'embedding')")
+    vector_col = _vector_column(table.schema, where)
     ids = table.column("id").cast(pa.string()).to_pylist()
     matrix = vectors_to_matrix(table.column(vector_col), f"{where}: column {vector_col!r}")
     return FoundVectors(ids, matrix, source, where)
 
 
-def _read_lance(path: Path) -> pa.Table:
+def _vector_column(schema: pa.Schema, where: str) -> str:
+    if "id" not in schema.names:
+        raise IngestError(f"{where}: required column 'id' is missing")
+    vector_col = next((c for c in _VECTOR_COLUMNS if c in schema.names), None)
+    if vector_col is None:
+        raise IngestError(f"{where}: no vector column ('vector' or 'embedding')")
+    return vector_col
+
+
+def _from_lance(path: Path) -> FoundVectors:
+    """graphrag's LanceDB table read batch by batch into one preallocated matrix."""
     import lance  # pylance; a dependency of lancedb
 
     dataset = lance.dataset(str(path))
-    columns = [c for c in ("id", *_VECTOR_COLUMNS) if c in dataset.schema.names]
-    return dataset.to_table(columns=columns)
+    vector_col = _vector_column(dataset.schema, str(path))
+    where = f"{path}: column {vector_col!r}"
+    typ = dataset.schema.field(vector_col).type
+    rows = dataset.count_rows()
+    if rows == 0:
+        return FoundVectors([], np.zeros((0, 0), dtype=np.float32), "graphrag-lancedb", str(path))
+    ids: list[str] = []
+    matrix: np.ndarray | None = None
+    row = 0
+    for batch in dataset.to_batches(columns=["id", vector_col]):
+        vectors = batch.column(vector_col)
+        if matrix is None:
+            matrix = np.empty((rows, _vector_dimension(typ, vectors, where)), dtype=np.float32)
+        elif vectors.null_count:
+            raise IngestError(f"{where}: {vectors.null_count} rows have no vector (null)")
+        row = _fill_rows(matrix, row, vectors, where)
+        ids.extend(batch.column("id").cast(pa.string()).to_pylist())
+    assert matrix is not None and row == rows
+    return FoundVectors(ids, normalise_rows(matrix, where), "graphrag-lancedb", str(path))
 
 
 def find_reusable(root: Path, table: str, raw_columns: dict[str, pa.ChunkedArray], ids: list[str], parquet: Path) -> FoundVectors | None:
@@ -119,10 +174,11 @@ def find_reusable(root: Path, table: str, raw_columns: dict[str, pa.ChunkedArray
         path = root / "lancedb" / f"{name}.lance"
         if path.is_dir():
             try:
-                arrow = _read_lance(path)
+                return _from_lance(path)
+            except IngestError:
+                raise
             except Exception as exc:  # noqa: BLE001 - lance raises OSError/ValueError/RuntimeError
                 raise IngestError(f"{path}: cannot read graphrag LanceDB table: {exc}") from exc
-            return _from_arrow(arrow, str(path), "graphrag-lancedb")
     for name in LANCEDB_TABLES[table][:1]:
         path = root / f"embeddings.{name}.parquet"
         if path.exists():
@@ -150,6 +206,8 @@ def align(found: FoundVectors, ids: Sequence[str], table: str) -> np.ndarray:
             f"{found.origin}: no vector for {len(missing)} of {len(ids)} {table} rows (e.g. id {ids[int(missing[0])]!r}); "
             "rerun with --reembed to compute all vectors with the configured embedder"
         )
+    if len(rows) == len(found.matrix) and bool(np.all(rows == np.arange(len(rows)))):
+        return found.matrix  # already in table order (graphrag writes both in the same order): no copy
     return found.matrix[rows]
 
 

@@ -131,3 +131,17 @@ def test_streamed_ground_truth_matches_full_sort():
     expected = np.argsort(-full, axis=1)[:, :10]
     assert recall_at_k(top.ids().tolist(), expected, 10) == 1.0
     np.testing.assert_array_equal(top.ids()[:, 0], expected[:, 0])
+
+
+def test_graphrag_side_by_side_needs_an_interpreter(tmp_path, monkeypatch):
+    from benchmarks import graphrag_side
+
+    monkeypatch.delenv(graphrag_side.ENV_PYTHON, raising=False)
+    with pytest.raises(FileNotFoundError, match="no interpreter at"):
+        graphrag_side.graphrag_python(str(tmp_path / "missing" / "python"))
+    # without one given, this interpreter is used exactly when it can import graphrag (else: skipped)
+    import importlib.util
+
+    expected = sys.executable if importlib.util.find_spec("graphrag") else None
+    assert graphrag_side.graphrag_python() == expected
+    assert graphrag_side.graphrag_python(sys.executable) == sys.executable
