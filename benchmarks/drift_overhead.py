@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
+import os
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Record, latency_summary, log, run_case, write_records
@@ -50,14 +52,58 @@ def stage_answerer(delay: float, follow_ups_per_answer: int = FOLLOW_UPS_PER_ANS
     return answer
 
 
+class LLMServerProcess:
+    """The fake OpenAI-protocol server in its own process, as a real LLM server is: in-process it
+    would share the GIL with the engine and its JSON and HTTP work would count as engine overhead.
+    `python -m benchmarks.drift_overhead DIM DELAY_S` prints its base URL, serves until its stdin
+    closes, then prints its counters as JSON."""
+
+    def __init__(self, dim: int, delay_s: float) -> None:
+        import subprocess
+        import sys
+
+        from benchmarks._harness import _pythonpath
+
+        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        self._proc = subprocess.Popen([sys.executable, "-m", "benchmarks.drift_overhead", str(dim), str(delay_s)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        assert self._proc.stdout is not None
+        self.base_url = self._proc.stdout.readline().strip()
+        if not self.base_url.startswith("http"):
+            self._proc.kill()
+            raise RuntimeError(f"LLM server process did not start (said {self.base_url!r})")
+        self.stats: dict[str, Any] = {}
+
+    def __enter__(self) -> LLMServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.close()
+        line = self._proc.stdout.readline()
+        self._proc.wait(timeout=30)
+        self.stats = json.loads(line) if line.strip() else {}
+
+
+def _serve(dim: int, delay_s: float) -> None:
+    import sys
+
+    from drift_lance.testing import FakeOpenAIServer
+
+    with FakeOpenAIServer(embedding_dim=dim) as server:
+        server.on_chat = stage_answerer(delay_s)
+        print(server.base_url, flush=True)
+        sys.stdin.read()  # until the parent closes our stdin
+        print(json.dumps({"max_concurrent": server.max_concurrent, "chat_requests": len(server.chat_requests)}),
+              flush=True)
+
+
 def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, Any]:
     from drift_lance.config.drift import DRIFTSearchConfig
     from drift_lance.config.models import ModelSettings
     from drift_lance.drift import DriftCallbacks, open_drift_search
-    from drift_lance.testing import FakeOpenAIServer
 
     delay = latency_ms / 1000.0
-    answer = stage_answerer(delay)
 
     class EpochSizes(DriftCallbacks):
         def __init__(self) -> None:
@@ -99,15 +145,15 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
             **latency_summary(walls), "queries": len(walls), "mean_wall_ms": mean_wall * 1000,
             "critical_path_ms": mean_bound * 1000, "overhead_pct": 100.0 * (mean_wall - mean_bound) / mean_wall,
             "llm_calls": sum(calls) / len(calls), "prompt_tokens": sum(prompt_tokens) / len(prompt_tokens),
-            "output_tokens": sum(output_tokens) / len(output_tokens), "max_concurrent_llm": server.max_concurrent,
+            "output_tokens": sum(output_tokens) / len(output_tokens),
             "config": {"n_depth": config.n_depth, "drift_k_followups": config.drift_k_followups,
                        "primer_folds": config.primer_folds, "concurrency": config.concurrency},
             **categories,
         }
 
-    with FakeOpenAIServer(embedding_dim=dim) as server:
-        server.on_chat = answer
-        return asyncio.run(run(server))
+    with LLMServerProcess(dim, delay) as server:
+        result = asyncio.run(run(server))
+    return {**result, "max_concurrent_llm": server.stats.get("max_concurrent")}
 
 
 def run_drift(latency_ms: float, queries: int, rows: int, dim: int, out: Path, work: Path) -> list[Record]:
@@ -136,8 +182,6 @@ def first_answer_case(db: str, dim: int, runs: int) -> dict[str, Any]:
     """Whole-process wall time and peak RSS of `drift-lance query` (a fresh interpreter each run,
     from exec to printed answer) against an OpenAI-protocol server on 127.0.0.1 that answers at once.
     This is what a user of the CLI waits for, imports and store open included."""
-    import json
-    import os
     import shutil
     import subprocess
     import sys
@@ -195,3 +239,9 @@ def run_first_answer(rows: int, dim: int, runs: int, out: Path, work: Path) -> R
     )
     write_records(out, "first_answer", [record])
     return record
+
+
+if __name__ == "__main__":  # the LLM server process of LLMServerProcess
+    import sys
+
+    _serve(int(sys.argv[1]), float(sys.argv[2]))

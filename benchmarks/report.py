@@ -74,7 +74,7 @@ def _retrieval_section(out: Path) -> str:
     if not records:
         return ""
     numpy_p50 = {(r["rows"], r["dim"]): r["p50_ms"] for r in records if r["method"] == "numpy_exact"}
-    order = {"engine": 0, "lancedb_ann": 1, "lancedb_flat": 2, "numpy_exact": 3, "graphrag": 4}
+    order = {"engine": 0, "lancedb_ann": 1, "lancedb_flat": 2, "numpy_exact": 3, "graphrag_vector_store": 4}
     rows = []
     for r in sorted(records, key=lambda r: (r["dim"], r["rows"], order.get(r["method"], 9))):
         base = numpy_p50.get((r["rows"], r["dim"]))
@@ -82,9 +82,9 @@ def _retrieval_section(out: Path) -> str:
         rows.append([_fmt(r["rows"]), str(r["dim"]), r["method"], r.get("index_type") or "-", _params(r),
                      _fmt(r["recall_at_10"], 3), _fmt(r["p50_ms"]), _fmt(r["p95_ms"]), _fmt(r["p99_ms"]),
                      _fmt(r["qps"], 1), _fmt(r.get("qps_concurrent"), 1), speedup,
-                     _fmt(r["peak_rss_mb"], 0), _fmt(r.get("index_build_s"), 1)])
+                     _fmt(r["peak_rss_mb"], 0), _fmt(r.get("index_build_s"), 1), (r.get("measured_at") or "")[:10]])
     header = ["rows", "dim", "method", "index", "params", "recall@10", "p50 ms", "p95 ms", "p99 ms",
-              "QPS (1)", "QPS (8)", "p50 vs numpy", "peak RSS MB", "index build s"]
+              "QPS (1)", "QPS (8)", "p50 vs numpy", "peak RSS MB", "index build s", "measured"]
     return "## Retrieval (top-10, cosine)\n\n" + _table(header, rows) + "\n\n![p50 vs rows](retrieval_scaling.png)\n"
 
 

@@ -1,7 +1,5 @@
 """`python -m drift_lance ...` runs the `drift-lance` CLI."""
 
-import sys
+from drift_lance.cli import run
 
-from drift_lance.cli import main
-
-sys.exit(main())
+run()

@@ -1,5 +1,6 @@
 """Cross-cutting CLI behaviour, through the real entry point in a subprocess: --help for every
-command, exit codes, one-line errors without tracebacks, missing database, `serve`, `demo`."""
+command, exit codes, one-line errors without tracebacks, missing database, ingest -> inspect -> query,
+`serve`, `demo`."""
 
 from __future__ import annotations
 
@@ -167,3 +168,65 @@ def test_public_api_names_resolve():
 
     missing = [name for name in drift_lance.__all__ if not hasattr(drift_lance, name)]
     assert missing == []
+
+
+def test_ingest_inspect_and_query_through_the_real_entry_point(dulce_dir, tmp_path):
+    """The user's path in separate processes: ingest the dulce index, inspect it, then query it
+    (blocking, streamed, --json, and --graph-out in all three formats) against an OpenAI-protocol
+    server on 127.0.0.1."""
+    import json
+
+    import networkx as nx
+
+    from drift_lance.testing import FakeOpenAIServer, Reply
+
+    db = str(tmp_path / "db")
+    proc = drift_lance("ingest", str(dulce_dir), "--db", db, "--embedding-model", "text-embedding-3-large",
+                       "--no-progress", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "entities" in proc.stdout and "generation 1" in proc.stdout
+
+    proc = drift_lance("inspect", "--db", db, "--json")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads(proc.stdout)["manifest"]
+    assert manifest["tables"]["entities"]["rows"] == 39 and manifest["vectors"]["entities"]["dimension"] == 3072
+
+    def answer(request) -> Reply:
+        system, user = request.messages[0]["content"], request.messages[-1]["content"]
+        if "---Community reports---" in user:
+            return Reply(json={"intermediate_answer": "primer", "score": 60, "follow_up_queries": ["Who is Alex Mercer?"]})
+        if "---Data tables---" in system:
+            return Reply(json={"response": "local", "score": 50, "follow_up_queries": []})
+        if "---Research notes---" in system:
+            return Reply(text="Alex Mercer leads the mission.")
+        return Reply(text="# A hypothetical report")
+
+    with FakeOpenAIServer(embedding_dim=3072) as server:
+        server.on_chat = answer
+        env = cli_env(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="sk-test", DRIFT_LANCE_MAX_RETRIES="0")
+        base = ["query", "Who leads the Dulce mission?", "--db", db, "--set", "drift_k_followups=1",
+                "--set", "primer_folds=1", "--set", "n_depth=1"]
+
+        proc = drift_lance(*base, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("Alex Mercer leads the mission.")
+        assert "reduce" in proc.stdout and "total" in proc.stdout  # the per-stage table follows
+
+        streamed = drift_lance(*base, "--stream", env=env)
+        assert streamed.returncode == 0, streamed.stderr
+        assert "Alex Mercer leads the mission." in streamed.stdout
+
+        proc = drift_lance(*base, "--json", env=env)
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout)
+        assert result["response"] == "Alex Mercer leads the mission."
+        assert result["llm_calls_categories"] == {"build_context": 1, "primer": 1, "action": 1, "reduce": 1}
+
+        for suffix in ("json", "graphml", "html"):
+            graph_file = tmp_path / f"graph.{suffix}"
+            proc = drift_lance(*base, "--graph-out", str(graph_file), env=env)
+            assert proc.returncode == 0, proc.stderr
+            assert graph_file.stat().st_size > 0
+        assert nx.read_graphml(tmp_path / "graph.graphml").nodes["0"]["query"] == "Who leads the Dulce mission?"
+        assert json.loads((tmp_path / "graph.json").read_text())["nodes"]
+        assert (tmp_path / "graph.html").read_text().lstrip().lower().startswith("<!doctype html")

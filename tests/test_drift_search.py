@@ -147,6 +147,36 @@ async def test_concurrency_bound_holds_across_the_query(store):
     assert serial.max_in_flight == 1
 
 
+class SlowContextBuilder(StubContextBuilder):
+    """Records how many builds run at once and when each follow-up's LLM call could start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = self.max_in_flight = 0
+
+    async def build(self, query, *, query_vector=None, embedder=None):
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            return await super().build(query, query_vector=query_vector, embedder=embedder)
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.mark.parametrize("bound", [1, 2, 5])
+async def test_context_builds_are_bounded_and_calls_leave_as_contexts_finish(store, bound):
+    builder = SlowContextBuilder()
+    chat = ScriptedChatModel(drift_responder(children=4), delay=0.05)
+    search = make_search(store, chat, builder=builder, drift_k_followups=8, primer_folds=2, n_depth=1,
+                         context_concurrency=bound)
+    result = await search.search("Who leads the Dulce base?")
+    assert result.llm_calls_categories["action"] == 8
+    assert builder.max_in_flight == bound  # reached and never exceeded
+    # the first follow-up call is under way while later contexts are still being built
+    assert chat.max_in_flight >= 2
+
+
 async def test_graph_shape_and_serialization(store):
     chat = ScriptedChatModel(drift_responder())
     search = make_search(store, chat, drift_k_followups=2, primer_folds=2, n_depth=2)

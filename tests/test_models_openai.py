@@ -283,7 +283,22 @@ async def test_embeddings_batched_in_order_and_normalised(openai_server, openai_
     np.testing.assert_allclose(matrix, expected, rtol=1e-6)
     requests = openai_server.embedding_requests
     assert [len(r.body["input"]) for r in requests] == [4, 4, 3]
-    assert all(r.body["encoding_format"] == "float" and r.model == "test-embed" for r in requests)
+    assert all(r.body["encoding_format"] == "base64" and r.model == "test-embed" for r in requests)
+
+
+async def test_embeddings_from_servers_that_only_send_floats(openai_server, openai_settings):
+    openai_server.embeddings_float_only = True  # ignores encoding_format=base64
+    matrix = await get_embedder(openai_settings).embed(["alpha beta", "gamma"])
+    expected = np.array([openai_server.vector("alpha beta"), openai_server.vector("gamma")], dtype=np.float32)
+    np.testing.assert_allclose(matrix, expected / np.linalg.norm(expected, axis=1, keepdims=True), rtol=1e-6)
+
+
+async def test_server_rejecting_base64_embeddings_gets_floats_from_then_on(openai_server, openai_settings):
+    openai_server.queue_embeddings(Reply(status=400, body={"error": {"message": "unsupported encoding_format: base64"}}))
+    embedder = get_embedder(openai_settings)
+    assert (await embedder.embed(["a"])).shape == (1, openai_server.embedding_dim)
+    assert (await embedder.embed(["b"])).shape == (1, openai_server.embedding_dim)
+    assert [r.body["encoding_format"] for r in openai_server.embedding_requests] == ["base64", "float", "float"]
 
 
 async def test_embedding_errors_are_retried(openai_server, openai_settings):

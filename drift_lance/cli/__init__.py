@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from typing import NoReturn
 
 # Subcommand modules, in --help order.
 _COMMAND_MODULES = (
@@ -23,6 +25,11 @@ _COMMAND_MODULES = (
 )
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+# Commands that only read. Once their output is flushed the process has nothing left to do, and
+# the interpreter's teardown of LanceDB's runtime and caches (0.3-0.6 s with 10^6 rows) would only
+# delay the shell prompt, so `run` skips it for them.
+_READ_ONLY_COMMANDS = frozenset({"query", "context", "inspect"})
 
 
 class UsageError(Exception):
@@ -86,6 +93,22 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"drift-lance {args.command}: failed: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+def run() -> NoReturn:
+    """Console-script entry: `main()` on sys.argv, then exit with its code."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in _READ_ONLY_COMMANDS:
+        try:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):  # closed or broken pipe: let the normal exit report it
+            sys.exit(code)
+        os._exit(code)
+    sys.exit(code)
 
 
 def _one_line(exc: BaseException) -> str:

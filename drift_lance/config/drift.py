@@ -78,6 +78,13 @@ class DRIFTSearchConfig(BaseModel):
     response_type: str = Field("multiple paragraphs", min_length=1, description="Target length and format of the answers.")
     action_ranking: Literal["random", "parent_score"] = Field("random", description="Order of open actions: the reference's random order, or best parent score first.")
     seed: int | None = Field(None, description="Seed of the HyDE template pick and the random action order (reproducible runs).")
+    context_concurrency: int = Field(
+        2,
+        ge=1,
+        description="Follow-up local contexts built at once. Building is mostly CPU: built together they all "
+        "finish late and every follow-up call leaves late; built two at a time, each call leaves as soon "
+        "as its context is ready (README, Benchmarks: DRIFT overhead).",
+    )
     llm_timeout: float | None = Field(
         None,
         gt=0,

@@ -122,7 +122,7 @@ class DRIFTSearch:
             chat=BoundedChat(self.chat_model, concurrency=cfg.concurrency, timeout=cfg.llm_timeout),
             rng=random.Random(cfg.seed),
             callbacks=[*self.callbacks, *callbacks],
-            context_slots=asyncio.Semaphore(cfg.concurrency),
+            context_slots=asyncio.Semaphore(cfg.context_concurrency),
         )
 
     async def _explore(self, run: _Run) -> None:

@@ -16,7 +16,9 @@ Replies: text / json (the assistant message), status + headers + body (raw HTTP,
 bodies), delay (seconds before answering), hang (never answer; the client must time out),
 chunk_delay (between stream chunks), usage (include token usage). Streaming requests get the
 text split into word deltas, then a usage chunk when stream_options.include_usage was sent.
-Embeddings are deterministic per text (feature hashing) with `embedding_dim` dimensions.
+Embeddings are deterministic per text (feature hashing) with `embedding_dim` dimensions, as float
+lists or, when the request asks for encoding_format=base64, little-endian float32 in base64 like
+OpenAI (`embeddings_float_only` ignores that, as some servers do).
 Requests whose client disconnects before the response is complete are counted in `disconnects`
 and flagged `disconnected`.
 """
@@ -24,10 +26,12 @@ and flagged `disconnected`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import re
 import threading
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -146,6 +150,8 @@ class FakeOpenAIServer:
         self.default_text = default_text
         self.on_chat: Callable[[RecordedRequest], Reply | str | dict | None] | None = None
         self.reject_response_formats: set[str] = set()
+        # Like servers that only speak floats: ignore encoding_format=base64 and answer float lists.
+        self.embeddings_float_only = False
         self.reject_stream_options = False
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
@@ -375,7 +381,10 @@ class FakeOpenAIServer:
         inputs = request.body.get("input", []) if isinstance(request.body, dict) else []
         if isinstance(inputs, str):
             inputs = [inputs]
-        data = [{"object": "embedding", "index": i, "embedding": self.vector(str(t))} for i, t in enumerate(inputs)]
+        as_base64 = request.body.get("encoding_format") == "base64" and not self.embeddings_float_only
+        data = [{"object": "embedding", "index": i,
+                 "embedding": _base64_floats(self.vector(str(t))) if as_base64 else self.vector(str(t))}
+                for i, t in enumerate(inputs)]
         tokens = sum(len(str(t).split()) for t in inputs)
         return {"object": "list", "data": data, "model": request.model or "fake",
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
@@ -442,3 +451,7 @@ def _as_reply(answer: Reply | str | dict | list) -> Reply:
     if isinstance(answer, str):
         return Reply(text=answer)
     return Reply(json=answer)
+
+
+def _base64_floats(values: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")
