@@ -31,7 +31,7 @@ from drift_lance import schema
 from drift_lance._cache import BoundedCache
 from drift_lance.config.ingest import StoreConfig
 from drift_lance.errors import StoreError
-from drift_lance.object_store import merge_storage_options, resolve_storage_options
+from drift_lance.object_store import is_local_uri, merge_storage_options, resolve_storage_options
 from drift_lance.store import Manifest
 
 __all__ = ["LanceStore", "list_table_names", "open_store", "read_manifests", "sql_literal"]
@@ -119,6 +119,7 @@ class LanceStore:
         self._exact_locks: dict[str, asyncio.Lock] = {}
         self._rows_locks: dict[str, asyncio.Lock] = {}
         self._not_cached: set[str] = set()  # tables too large for the table cache
+        self._local = is_local_uri(uri)
 
     def __repr__(self) -> str:
         return f"LanceStore(uri={self.uri!r}, generation={self.manifest.generation})"
@@ -166,9 +167,19 @@ class LanceStore:
         query = self._query_vector(table, vector)
         if k <= 0:
             return await self._empty(table, columns, with_similarity=True)
-        if self.manifest.tables[table].vector_index:
+        if self.manifest.tables[table].vector_index and not self._exact_in_memory(table):
             return await self._search_ann(table, query, k, columns)
         return await self._search_exact(table, query, k, columns)
+
+    def _exact_in_memory(self, table: str) -> bool:
+        """On object storage an ANN query reads index partitions and re-ranking rows from the store
+        on every call (30k x 384: ~10 GETs, 190 ms on loopback S3, against 4.6 ms on local disk), so a
+        table whose matrix fits half the vector cache is downloaded once and searched exactly in memory
+        instead. On local disk the OS page cache makes the index cheap, and it is used as built."""
+        if self._local or not self.config.exact_in_memory_on_object_storage:
+            return False
+        rows, dim = self.manifest.tables[table].rows, self.dimension(table)
+        return rows * (dim * 4 + 8) <= self.vector_cache.max_bytes // 2
 
     def _query_vector(self, table: str, vector: np.ndarray) -> np.ndarray:
         dim = self.dimension(table)

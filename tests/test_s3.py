@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 
 from drift_lance.cli import main as cli_main
@@ -433,3 +434,44 @@ async def test_reingest_on_s3_keeps_the_previous_generation_and_cleans_older(loc
             await oldest.count("entities")
     finally:
         await oldest.close()
+
+
+async def test_indexed_table_on_s3_is_searched_in_memory_when_it_fits(local_s3, s3_uri, tmp_path):
+    """An ANN query on object storage reads index partitions and rows from the bucket every time;
+    a table whose vectors fit the vector cache is downloaded once and searched exactly instead."""
+    import ingest
+    from drift_lance._lance_store import open_store
+    from drift_lance.config.ingest import IngestConfig, StoreConfig
+    from ingest.synthetic import generate_index
+
+    src = generate_index(tmp_path / "src", n_entities=1200, dim=32, seed=4)
+    await ingest.run_ingest(src, s3_uri, config=IngestConfig(ann_min_rows=1000), storage_options=local_s3.storage_options(),
+                            progress=False)
+    rng = np.random.default_rng(0)
+    queries = rng.standard_normal((3, 32)).astype(np.float32)
+
+    async def warm_gets(config: StoreConfig) -> tuple[int, list[list[str]]]:
+        store = await open_store(s3_uri, storage_options=local_s3.storage_options(), config=config)
+        try:
+            assert store.manifest.tables["entities"].vector_index == "IVF_RQ"
+            await store.search("entities", queries[0], 10, columns=["id"])  # cold: loads what it needs
+            local_s3.reset_counts()
+            found = [(await store.search("entities", q, 10, columns=["id"]))["id"].to_list() for q in queries]
+            return local_s3.counts().get, found
+        finally:
+            await store.close()
+
+    in_memory_gets, in_memory = await warm_gets(StoreConfig())
+    ann_gets, _ = await warm_gets(StoreConfig(exact_in_memory_on_object_storage=False))
+    assert in_memory_gets == 0 and ann_gets > 0
+    everything = pl.read_parquet(src / "entities.parquet")["id"].to_list()
+    import lance  # pylance, a dependency of lancedb
+
+    vectors = lance.dataset(str(src / "lancedb" / "entity_description.lance")).to_table().to_pydict()
+    matrix = np.asarray(vectors["vector"], dtype=np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    by_id = dict(zip(vectors["id"], range(len(matrix)), strict=True))
+    for q, got in zip(queries, in_memory, strict=True):
+        scores = matrix @ (q / np.linalg.norm(q))
+        exact = sorted(everything, key=lambda i: -scores[by_id[i]])[:10]
+        assert got == exact  # exact search, not approximate

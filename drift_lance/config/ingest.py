@@ -86,6 +86,9 @@ class StoreConfig(BaseModel):
     # index (a table whose matrix exceeds the bound is searched by LanceDB instead); table: rows of
     # small tables (each at most a quarter of the bound), so key lookups need no object-store request.
     vector_cache_bytes: int = Field(default=512 * 2**20, ge=0)
+    # On object storage, search a table with an ANN index exactly in memory when its matrix fits half
+    # the vector cache: one download instead of index and row reads on every query.
+    exact_in_memory_on_object_storage: bool = True
     table_cache_bytes: int = Field(default=256 * 2**20, ge=0)
     # LanceDB's own caches (opened index data; file metadata), shared by every table of a store and
     # handed on to the next generation's store on reload. None = LanceDB's defaults (6 GiB, 1 GiB).
