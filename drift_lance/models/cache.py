@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from drift_lance.models.base import ChatModel, ChatParams, ChatResult, GeneratorStream, Message, Usage
-from drift_lance.models.structured import parse_structured
+from drift_lance.models.structured import parse_structured, response_schema
 
 _SCHEMA_VERSION = 1
 _DB_NAME = "responses.sqlite"
@@ -34,7 +34,7 @@ def cache_key(model_id: str, messages: Sequence[Message], params: ChatParams | N
         "model": model_id,
         "messages": [m.as_dict() for m in messages],
         "params": dataclasses.asdict(params or ChatParams()),
-        "schema": response_model.model_json_schema() if response_model else None,
+        "schema": response_schema(response_model) if response_model else None,
     }
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()

@@ -8,7 +8,7 @@ StructuredOutputError carrying the raw text, so callers can log or skip that ans
 
 from __future__ import annotations
 
-import copy
+import functools
 import json
 import re
 from typing import Any, Literal
@@ -30,16 +30,23 @@ _LITERALS = {"True": "true", "False": "false", "None": "null"}
 
 
 def response_schema(model: type[BaseModel]) -> dict[str, Any]:
-    return model.model_json_schema()
+    """The model's JSON schema, a fresh dict per call (callers may change it)."""
+    return json.loads(_schema_json(model))
+
+
+@functools.cache
+def _schema_json(model: type[BaseModel]) -> str:
+    # pydantic rebuilds the schema on every model_json_schema() call (~1 ms); DRIFT asks once per call.
+    return json.dumps(model.model_json_schema())
 
 
 def strict_json_schema(model: type[BaseModel]) -> tuple[dict[str, Any], bool]:
     """The model's JSON schema adapted to OpenAI's strict mode (every object closed, every property
     required, no defaults). Returns (schema, strict); strict is False when the schema uses open maps
     (dict[str, X]) that strict mode cannot express, in which case the plain schema is returned."""
-    schema = copy.deepcopy(model.model_json_schema())
+    schema = response_schema(model)
     ok = _make_strict(schema)
-    return (schema, True) if ok else (model.model_json_schema(), False)
+    return (schema, True) if ok else (response_schema(model), False)
 
 
 def _make_strict(node: Any) -> bool:
