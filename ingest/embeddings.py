@@ -9,7 +9,7 @@ row: mixing them with vectors of another model would make similarities meaningle
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,18 +58,32 @@ def vectors_to_matrix(column: pa.ChunkedArray | pa.Array, where: str) -> np.ndar
     """A list / fixed-size-list vector column as a (rows, dim) float32 matrix; IngestError on nulls
     or mixed dimensions (naming `where`)."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    if len(column) == 0:
-        return np.zeros((0, 0), dtype=np.float32)
-    dim = _vector_dimension(column.type, column, where)
-    matrix = np.empty((len(column), dim), dtype=np.float32)
+    return _matrix_from_chunks(chunks, len(column), where)
+
+
+def _matrix_from_chunks(chunks: Iterable[pa.Array], rows: int, where: str) -> np.ndarray:
+    """Vector chunks copied one by one into one preallocated (rows, dim) float32 matrix, then
+    validated and normalised in place: a 10^6 x 1536 column never exists twice in memory."""
+    matrix: np.ndarray | None = None
     row = 0
     for chunk in chunks:
+        if len(chunk) == 0:
+            continue
+        dim = _vector_dimension(chunk, where)
+        if matrix is None:
+            matrix = np.empty((rows, dim), dtype=np.float32)
+        elif dim != matrix.shape[1]:
+            raise IngestError(f"{where}: vectors have mixed dimensions {[matrix.shape[1], dim]}")
         row = _fill_rows(matrix, row, chunk, where)
+    if matrix is None:
+        return np.zeros((0, 0), dtype=np.float32)
+    assert row == rows, (row, rows)
     return normalise_rows(matrix, where)
 
 
-def _vector_dimension(typ: pa.DataType, column: pa.ChunkedArray | pa.Array, where: str) -> int:
-    """The one dimension of a vector column (checked: list of numbers, no nulls, one length)."""
+def _vector_dimension(column: pa.Array, where: str) -> int:
+    """The one dimension of a chunk of vectors (checked: list of numbers, no nulls, one length)."""
+    typ = column.type
     if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
         raise IngestError(f"{where} has type {typ}, expected a list of floats")
     if not (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type)):
@@ -89,13 +103,8 @@ def _vector_dimension(typ: pa.DataType, column: pa.ChunkedArray | pa.Array, wher
 
 
 def _fill_rows(matrix: np.ndarray, row: int, chunk: pa.Array, where: str) -> int:
-    """Copy one chunk of vectors into `matrix` from `row` on (cast to float32); the next free row.
-    Chunk by chunk, so a 10^6 x 1536 column never exists twice in memory."""
+    """Copy one chunk of vectors into `matrix` from `row` on (cast to float32); the next free row."""
     n, dim = len(chunk), matrix.shape[1]
-    if n == 0:
-        return row
-    if pa.types.is_fixed_size_list(chunk.type) and chunk.type.list_size != dim:
-        raise IngestError(f"{where}: vectors have mixed dimensions {[dim, chunk.type.list_size]}")
     flat = pc.list_flatten(chunk).to_numpy(zero_copy_only=False)
     if len(flat) != n * dim:  # sliced or nested-null storage, or a length that differs: exact path
         try:
@@ -149,23 +158,15 @@ def _from_lance(path: Path) -> FoundVectors:
     dataset = lance.dataset(str(path))
     vector_col = _vector_column(dataset.schema, str(path))
     where = f"{path}: column {vector_col!r}"
-    typ = dataset.schema.field(vector_col).type
-    rows = dataset.count_rows()
-    if rows == 0:
-        return FoundVectors([], np.zeros((0, 0), dtype=np.float32), "graphrag-lancedb", str(path))
     ids: list[str] = []
-    matrix: np.ndarray | None = None
-    row = 0
-    for batch in dataset.to_batches(columns=["id", vector_col]):
-        vectors = batch.column(vector_col)
-        if matrix is None:
-            matrix = np.empty((rows, _vector_dimension(typ, vectors, where)), dtype=np.float32)
-        elif vectors.null_count:
-            raise IngestError(f"{where}: {vectors.null_count} rows have no vector (null)")
-        row = _fill_rows(matrix, row, vectors, where)
-        ids.extend(batch.column("id").cast(pa.string()).to_pylist())
-    assert matrix is not None and row == rows
-    return FoundVectors(ids, normalise_rows(matrix, where), "graphrag-lancedb", str(path))
+
+    def vector_chunks() -> Iterator[pa.Array]:
+        for batch in dataset.to_batches(columns=["id", vector_col]):
+            ids.extend(batch.column("id").cast(pa.string()).to_pylist())
+            yield batch.column(vector_col)
+
+    matrix = _matrix_from_chunks(vector_chunks(), dataset.count_rows(), where)
+    return FoundVectors(ids, matrix, "graphrag-lancedb", str(path))
 
 
 def find_reusable(root: Path, table: str, raw_columns: dict[str, pa.ChunkedArray], ids: list[str], parquet: Path) -> FoundVectors | None:
