@@ -178,8 +178,11 @@ class LanceStore:
         instead. On local disk the OS page cache makes the index cheap, and it is used as built."""
         if self._local or not self.config.exact_in_memory_on_object_storage:
             return False
-        rows, dim = self.manifest.tables[table].rows, self.dimension(table)
-        return rows * (dim * 4 + 8) <= self.vector_cache.max_bytes // 2
+        return self._matrix_bytes(table) <= self.vector_cache.max_bytes // 2
+
+    def _matrix_bytes(self, table: str) -> int:
+        """Memory of the table's exact-search matrix: float32 vectors plus a uint64 row id each."""
+        return self.manifest.tables[table].rows * (self.dimension(table) * 4 + 8)
 
     def _query_vector(self, table: str, vector: np.ndarray) -> np.ndarray:
         dim = self.dimension(table)
@@ -245,8 +248,7 @@ class LanceStore:
         cached = self.vector_cache.get(key)
         if cached is not None:
             return cached
-        rows, dim = self.manifest.tables[table].rows, self.dimension(table)
-        if rows * (dim * 4 + 8) > self.vector_cache.max_bytes:
+        if self._matrix_bytes(table) > self.vector_cache.max_bytes:
             return None
         lock = self._exact_locks.setdefault(table, asyncio.Lock())
         async with lock:
@@ -279,9 +281,10 @@ class LanceStore:
                 self._not_cached.add(table)
                 return None
             names = [n for n in (await handle.schema()).names if n != schema.VECTOR]
-            # one chunk: per-query filters and takes then yield one small batch, not one per
-            # LanceDB read batch (pl.from_arrow of ~20 mostly empty chunks cost ~2 ms per lookup)
-            rows = (await handle.query().select(names).with_row_id().to_arrow()).combine_chunks()
+            # One chunk, in row-id (= table) order: per-query filters and takes then yield one small
+            # batch, not one per LanceDB read batch (pl.from_arrow of ~20 mostly empty chunks cost
+            # ~2 ms per lookup), and row ids are found by binary search.
+            rows = (await handle.query().select(names).with_row_id().to_arrow()).sort_by("_rowid").combine_chunks()
             if rows.nbytes > limit or not self.table_cache.put(key, rows, rows.nbytes):
                 self._not_cached.add(table)
                 return None
@@ -415,12 +418,8 @@ class LanceStore:
 
 
 def _positions_of(rows: pa.Table, row_ids: np.ndarray) -> pa.Array:
-    """Positions in `rows` (a cached table with `_rowid`) of the given row ids. Cached tables come
-    back in row-id order, so a binary search does it without hashing every row id per query."""
-    table_ids = rows.column("_rowid").to_numpy()
-    if table_ids.size > 1 and not bool(np.all(table_ids[1:] > table_ids[:-1])):
-        return pc.index_in(pa.array(row_ids, type=rows.schema.field("_rowid").type), value_set=rows.column("_rowid"))
-    return pa.array(np.searchsorted(table_ids, row_ids))
+    """Positions in `rows` (a cached table, sorted by `_rowid`) of the given row ids."""
+    return pa.array(np.searchsorted(rows.column("_rowid").to_numpy(), row_ids))
 
 
 def _top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
