@@ -141,7 +141,7 @@ def run_case(target: str, timeout_s: float | None = None, *, python: str | None 
     its result dict, with `peak_rss_mb` (the child's own peak) and `wall_s` added. A fresh process per
     case keeps one case's memory and caches out of the next one's numbers."""
     spec = json.dumps({"target": target, "kwargs": kwargs})
-    env = {**os.environ, **(env or {}), "PYTHONPATH": _pythonpath()}
+    env = child_env(env)
     proc = subprocess.run(
         [python or sys.executable, "-m", "benchmarks._worker", spec],
         capture_output=True,
@@ -154,6 +154,11 @@ def run_case(target: str, timeout_s: float | None = None, *, python: str | None 
             return json.loads(line[len(_RESULT_MARKER) :])
     tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
     raise CaseFailed(f"benchmark case {target} {kwargs} failed (exit {proc.returncode}):\n{tail}")
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a Python child that imports `benchmarks` (and `extra`)."""
+    return {**os.environ, **(extra or {}), "PYTHONPATH": _pythonpath()}
 
 
 def _pythonpath() -> str:

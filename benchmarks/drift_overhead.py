@@ -62,11 +62,10 @@ class LLMServerProcess:
         import subprocess
         import sys
 
-        from benchmarks._harness import _pythonpath
+        from benchmarks._harness import child_env
 
-        env = {**os.environ, "PYTHONPATH": _pythonpath()}
         self._proc = subprocess.Popen([sys.executable, "-m", "benchmarks.drift_overhead", str(dim), str(delay_s)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
         assert self._proc.stdout is not None
         self.base_url = self._proc.stdout.readline().strip()
         if not self.base_url.startswith("http"):
