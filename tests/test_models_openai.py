@@ -108,6 +108,36 @@ async def test_malformed_http_body_is_a_model_error(openai_server, openai_settin
     assert info.value.attempts == 3
 
 
+async def test_a_json_body_that_is_not_an_object_is_a_model_error(openai_server, openai_settings):
+    openai_server.queue_chat(Reply(body="[1, 2, 3]"))
+    with pytest.raises(ModelRequestError, match="malformed response body: expected a JSON object"):
+        await _chat(openai_settings, max_retries=0).complete(USER)
+
+
+async def test_http_transport_is_aiohttp_unless_a_proxy_is_configured(openai_server, openai_settings, monkeypatch):
+    """aiohttp costs about half of httpx's CPU per request, but only httpx honours HTTP(S)_PROXY."""
+    from openai._vendor.httpx_aiohttp import Httpx2AiohttpClient
+
+    from drift_lance.models.base import aclose_models
+
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    default = _chat(openai_settings)
+    forced = _chat(openai_settings, http_client="httpx")
+    openai_server.queue_chat(Reply(text="over aiohttp"), Reply(text="over httpx"))
+    assert (await default.complete(USER)).text == "over aiohttp"
+    assert (await forced.complete(USER)).text == "over httpx"
+    assert isinstance(default._endpoint.client()._client, Httpx2AiohttpClient)
+    assert not isinstance(forced._endpoint.client()._client, Httpx2AiohttpClient)
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    proxied = _chat(openai_settings)
+    assert not isinstance(proxied._endpoint.client()._client, Httpx2AiohttpClient)
+
+    await aclose_models(default, forced, proxied)
+    assert not default._endpoint._clients and not forced._endpoint._clients  # sessions closed, not leaked
+
+
 # ---------------------------------------------------------------- streaming
 
 

@@ -136,6 +136,11 @@ async def _build(
             from drift_lance.models import get_embedder
 
             embedder = get_embedder(settings.models)
-        return await builder.build(query, query_vector=vector, embedder=embedder, **overrides)
+        from drift_lance.models.base import aclose_models
+
+        try:
+            return await builder.build(query, query_vector=vector, embedder=embedder, **overrides)
+        finally:
+            await aclose_models(embedder)
     finally:
         await store.close()

@@ -108,8 +108,10 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
     from drift_lance._lance_store import open_store
     from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.models import get_chat_model, get_embedder
+    from drift_lance.models.base import aclose_models
 
     store = await open_store(db, config=settings.store, storage_options=parse_storage_options(args.storage_options))
+    chat = embedder = None
     try:
         # Loading model weights (embedded defaults) must not block the event loop.
         chat = await asyncio.to_thread(get_chat_model, settings.models)
@@ -126,7 +128,10 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
             callbacks = [_Progress(sys.stderr)] if sys.stderr.isatty() and not args.json else []
         return await _run_search(search, args, callbacks)
     finally:
-        await store.close()
+        try:
+            await aclose_models(chat, embedder)
+        finally:
+            await store.close()
 
 
 def _drift_search(store: Any, chat: Any, embedder: Any, settings: Any, config: Any) -> Any:

@@ -66,6 +66,9 @@ class ModelSettings(BaseSettings):
     retry_base_wait: float = Field(1.0, ge=0, description="first backoff step in seconds (exponential, jittered)")
     retry_max_wait: float = Field(60.0, ge=0, description="cap on one backoff wait, and on an honoured Retry-After")
     max_concurrency: int = Field(25, ge=1, description="in-flight requests per (endpoint, model), process-wide")
+    http_client: Literal["auto", "aiohttp", "httpx"] = Field(
+        "auto", description='"auto": aiohttp (less CPU per request) unless HTTP(S)_PROXY/ALL_PROXY is set, then httpx'
+    )
     structured_output: StructuredOutputMode = Field(
         "auto", description="auto = json_schema, then json_object, then prompt-only, remembering what works"
     )

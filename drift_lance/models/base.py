@@ -81,6 +81,22 @@ class StructuredOutputError(ModelError):
         self.usage = usage or Usage()
 
 
+async def aclose_models(*models: object) -> None:
+    """Close the models that hold connections (the OpenAI backend's HTTP sessions); models without
+    `aclose` hold none. Each is closed even if an earlier one fails."""
+    errors = []
+    for model in models:
+        close = getattr(model, "aclose", None)
+        if close is None:
+            continue
+        try:
+            await close()
+        except Exception as exc:  # noqa: BLE001 - close the rest, then report
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
 class ChatStream(Protocol):
     """An async iterator of text deltas; `usage` is complete once iteration has finished.
     `aclose()` cancels the underlying request."""

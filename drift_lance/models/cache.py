@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from drift_lance.models.base import ChatModel, ChatParams, ChatResult, GeneratorStream, Message, Usage
+from drift_lance.models.base import ChatModel, ChatParams, ChatResult, GeneratorStream, Message, Usage, aclose_models
 from drift_lance.models.structured import parse_structured, response_schema
 
 _SCHEMA_VERSION = 1
@@ -108,6 +108,9 @@ class CachedChatModel:
         result = await self.inner.complete(messages, params=params, response_model=response_model)
         await asyncio.to_thread(self.store.put, key, self.model_id, result.text, result.usage)
         return result
+
+    async def aclose(self) -> None:
+        await aclose_models(self.inner)
 
     def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> CachedStream:
         return CachedStream(self, list(messages), params)

@@ -21,7 +21,7 @@ from drift_lance.drift.action import DriftAction
 from drift_lance.drift.callbacks import DriftCallbacks
 from drift_lance.drift.result import SearchResult
 from drift_lance.errors import ConfigError
-from drift_lance.models.base import ChatModel, Embedder
+from drift_lance.models.base import ChatModel, Embedder, aclose_models
 from drift_lance.service.backend import EventSink, Method, Readiness, SearchEvent
 from drift_lance.service.generations import ReloadResult, ServingStores
 from drift_lance.store import IndexStore, Manifest
@@ -50,6 +50,7 @@ class EngineBackend:
         self._stores = ServingStores(self._open_store) if store is None else None
         self._reload_task: asyncio.Task | None = None
         self._models_ready = chat_model is not None and embedder is not None
+        self._built_models: list[object] = []  # built in start(), closed in close()
 
     async def start(self) -> None:
         from drift_lance.models.registry import get_chat_model, get_embedder
@@ -62,8 +63,10 @@ class EngineBackend:
         # Model construction may load weights (llama.cpp, e5): keep the event loop free meanwhile.
         if self._chat is None:
             self._chat = await asyncio.to_thread(get_chat_model, self.settings.models)
+            self._built_models.append(self._chat)
         if self._embedder is None:
             self._embedder = await asyncio.to_thread(get_embedder, self.settings.models)
+            self._built_models.append(self._embedder)
         self._models_ready = True
 
     async def _open_store(self, generation: int | None, previous: Any) -> Any:
@@ -130,6 +133,8 @@ class EngineBackend:
             self._reload_task = None
         if self._stores is not None:
             await self._stores.close()
+        built, self._built_models = self._built_models, []
+        await aclose_models(*built)
 
     # ------------------------------------------------------------------ methods
 
