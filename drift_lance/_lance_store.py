@@ -113,6 +113,7 @@ class LanceStore:
         self.session = session  # the lancedb.Session holding LanceDB's index and metadata caches
         self._db = db
         self._tables: dict[str, Any] = {}
+        self._schemas: dict[str, pa.Schema] = {}  # of the pinned versions in self._tables
         self._open_lock = asyncio.Lock()
         self.vector_cache = BoundedCache(config.vector_cache_bytes)  # (table, version) -> _ExactIndex
         self.table_cache = BoundedCache(config.table_cache_bytes)  # (table, version) -> pa.Table
@@ -164,12 +165,28 @@ class LanceStore:
         *,
         columns: Sequence[str] | None = None,
     ) -> pl.DataFrame:
-        query = self._query_vector(table, vector)
-        if k <= 0:
-            return await self._empty(table, columns, with_similarity=True)
+        return (await self.search_many(table, np.asarray(vector).reshape(1, -1), k, columns=columns))[0]
+
+    async def search_many(
+        self,
+        table: str,
+        vectors: np.ndarray,
+        k: int,
+        *,
+        columns: Sequence[str] | None = None,
+    ) -> list[pl.DataFrame]:
+        """`search` for each row of `vectors`. Exactly searched tables score every query in one
+        matrix product (20 queries cost about 5 single ones); ANN queries run one by one."""
+        matrix = np.asarray(vectors)
+        if matrix.ndim != 2:
+            raise StoreError(f"{self.uri}: query vectors for table {table!r} must be a 2-d array, got {matrix.ndim}-d")
+        queries = [self._query_vector(table, row) for row in matrix]
+        if k <= 0 or not queries:
+            empty = await self._empty(table, columns, with_similarity=True)
+            return [empty for _ in queries]
         if self.manifest.tables[table].vector_index and not self._exact_in_memory(table):
-            return await self._search_ann(table, query, k, columns)
-        return await self._search_exact(table, query, k, columns)
+            return [await self._search_ann(table, query, k, columns) for query in queries]
+        return await self._search_exact(table, np.stack(queries), k, columns)
 
     def _exact_in_memory(self, table: str) -> bool:
         """On object storage an ANN query reads index partitions and re-ranking rows from the store
@@ -219,28 +236,37 @@ class LanceStore:
         result = result.sort([SIMILARITY, "_rowid"], descending=[True, False])
         return result.drop(["_distance", "_rowid"])
 
-    async def _search_exact(self, table: str, query: np.ndarray, k: int, columns: Sequence[str] | None) -> pl.DataFrame:
+    async def _search_exact(self, table: str, queries: np.ndarray, k: int, columns: Sequence[str] | None) -> list[pl.DataFrame]:
         exact = await self._exact_index(table)
         if exact is None:  # matrix over the vector cache bound: let LanceDB scan, keep nothing
-            return await self._search_ann(table, query, k, columns)
+            return [await self._search_ann(table, query, k, columns) for query in queries]
         n = exact.matrix.shape[0]
         if n == 0:
-            return await self._empty(table, columns, with_similarity=True)
-        scores = exact.matrix @ query
-        top = _top_k_stable(scores, min(k, n))
-        wanted = exact.row_ids[top]
+            empty = await self._empty(table, columns, with_similarity=True)
+            return [empty for _ in queries]
+        # One row per query: a single query is a matrix-vector product, a batch one matrix product.
+        scores = queries @ exact.matrix.T if len(queries) > 1 else (exact.matrix @ queries[0])[None, :]
+        results = []
+        for row in scores:
+            top = _top_k_stable(row, min(k, n))
+            frame = await self._rows_by_id(table, exact.row_ids[top], columns)
+            results.append(frame.with_columns(pl.Series(SIMILARITY, row[top].astype(np.float64))))
+        return results
+
+    async def _rows_by_id(self, table: str, wanted: np.ndarray, columns: Sequence[str] | None) -> pl.DataFrame:
+        """Rows with the given LanceDB row ids, in that order, without `_rowid`."""
         frame = await self._cached_take(table, wanted, columns)
-        if frame is None:
-            handle = await self._table(table)
-            take = handle.take_row_ids([int(r) for r in wanted]).with_row_id()
-            if columns is not None:
-                take = take.select(list(columns))
-            frame = pl.from_arrow(await take.to_arrow())
-            assert isinstance(frame, pl.DataFrame)
-            # take does not promise an order: put rows back in score order via their row ids.
-            position = {int(r): i for i, r in enumerate(frame["_rowid"].to_list())}
-            frame = frame[[position[int(r)] for r in wanted]]
-        return frame.drop("_rowid").with_columns(pl.Series(SIMILARITY, scores[top].astype(np.float64)))
+        if frame is not None:
+            return frame
+        handle = await self._table(table)
+        take = handle.take_row_ids([int(r) for r in wanted]).with_row_id()
+        if columns is not None:
+            take = take.select(list(columns))
+        frame = pl.from_arrow(await take.to_arrow())
+        assert isinstance(frame, pl.DataFrame)
+        # take does not promise an order: put rows back in score order via their row ids.
+        position = {int(r): i for i, r in enumerate(frame["_rowid"].to_list())}
+        return frame[[position[int(r)] for r in wanted]].drop("_rowid")
 
     async def _exact_index(self, table: str) -> _ExactIndex | None:
         """The table's vectors as a matrix (cached), or None when it would not fit the cache bound."""
@@ -291,14 +317,13 @@ class LanceStore:
             return rows
 
     async def _cached_take(self, table: str, row_ids: np.ndarray, columns: Sequence[str] | None) -> pl.DataFrame | None:
-        """Rows by LanceDB row id from the table cache, in the order given (with `_rowid`), or None
-        to read LanceDB."""
+        """Rows by LanceDB row id from the table cache, in the order given, or None to read LanceDB."""
         if columns is None or schema.VECTOR in columns:
             return None
         rows = await self._cached_rows(table)
         if rows is None or not set(columns) <= set(rows.column_names):
             return None
-        frame = pl.from_arrow(rows.select([*columns, "_rowid"]).take(_positions_of(rows, row_ids)))
+        frame = pl.from_arrow(rows.select(list(columns)).take(_positions_of(rows, row_ids)))
         assert isinstance(frame, pl.DataFrame)
         return frame
 
@@ -404,7 +429,11 @@ class LanceStore:
     # ------------------------------------------------------------------ helpers
 
     async def _schema(self, table: str) -> pa.Schema:
-        return await (await self._table(table)).schema()
+        # A table version's schema never changes, and asking LanceDB is a cross-thread round trip.
+        cached = self._schemas.get(table)
+        if cached is None:
+            cached = self._schemas[table] = await (await self._table(table)).schema()
+        return cached
 
     async def _empty(self, table: str, columns: Sequence[str] | None, *, with_similarity: bool = False) -> pl.DataFrame:
         arrow_schema = await self._schema(table)

@@ -67,6 +67,18 @@ class IndexStore(Protocol):
         exact search. Raises StoreError on a dimension mismatch, naming both dimensions."""
         ...
 
+    async def search_many(
+        self,
+        table: str,
+        vectors: np.ndarray,
+        k: int,
+        *,
+        columns: Sequence[str] | None = None,
+    ) -> list[pl.DataFrame]:
+        """`search` for each row of the 2-d `vectors`, in order; batched where the store can (one
+        matrix product for an exactly searched table)."""
+        ...
+
     async def fetch(
         self,
         table: str,

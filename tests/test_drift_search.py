@@ -410,3 +410,69 @@ async def test_each_epoch_embeds_its_action_queries_in_one_request(store):
     query_calls = [call for call in search.embedder.calls if call.kind == "query"]
     # the HyDE text, then one batch per epoch holding that epoch's three action queries
     assert [len(call.texts) for call in query_calls] == [1, 3, 3]
+
+
+class _CountingBuilder:
+    """The real LocalContextBuilder, recording how entities were matched."""
+
+    def __init__(self, store, *, fail_batch: bool = False):
+        from drift_lance.local import LocalContextBuilder
+
+        self.inner = LocalContextBuilder(store)
+        self.fail_batch = fail_batch
+        self.batches: list[int] = []
+        self.builds_with_matches = 0
+        self.builds_searching = 0
+
+    async def match_entities(self, vectors):
+        if self.fail_batch:
+            raise RuntimeError("entity table unavailable")
+        self.batches.append(len(vectors))
+        return await self.inner.match_entities(vectors)
+
+    async def build(self, query, *, query_vector=None, embedder=None, matched_entities=None):
+        if matched_entities is None:
+            self.builds_searching += 1
+        else:
+            self.builds_with_matches += 1
+        return await self.inner.build(query, query_vector=query_vector, embedder=embedder,
+                                      matched_entities=matched_entities)
+
+
+@pytest.mark.parametrize("fail_batch", [False, True])
+async def test_each_epoch_maps_its_follow_ups_with_one_batched_entity_search(dulce_db_uri, fail_batch):
+    """One store search per epoch instead of one per action (one matrix product on exactly searched
+    tables); if the batch fails, each action searches on its own and the query still completes."""
+    from drift_lance._lance_store import open_store
+
+    store = await open_store(dulce_db_uri)
+    try:
+        embedder = HashEmbedder(store.manifest.vectors["entities"].dimension)
+        builder = _CountingBuilder(store, fail_batch=fail_batch)
+        chat = ScriptedChatModel(drift_responder(children=3))
+        search = DRIFTSearch(store=store, chat_model=chat, embedder=embedder, context_builder=builder,
+                             tokenizer=get_tokenizer("o200k_base"),
+                             config=DRIFTSearchConfig(seed=1, drift_k_followups=3, primer_folds=1, n_depth=2))
+        result = await search.search("Who leads the Dulce base?")
+    finally:
+        await store.close()
+    assert result.llm_calls_categories["action"] == 6
+    assert all("-----Entities-----" in text for query, text in result.context_text.items() if "/" in query or "-" in query)
+    if fail_batch:
+        assert builder.batches == [] and (builder.builds_searching, builder.builds_with_matches) == (6, 0)
+    else:
+        assert builder.batches == [3, 3] and (builder.builds_searching, builder.builds_with_matches) == (0, 6)
+
+
+async def test_close_closes_the_models_the_search_owns_and_nothing_else(store):
+    class Closable(ScriptedChatModel):
+        closed = 0
+
+        async def aclose(self):
+            self.closed += 1
+
+    owned, given = Closable(drift_responder()), Closable(drift_responder())
+    search = DRIFTSearch(store=store, chat_model=given, embedder=HashEmbedder(store.manifest.vectors["community_reports"].dimension),
+                         context_builder=StubContextBuilder(), tokenizer=get_tokenizer("o200k_base"), owned_models=[owned])
+    await search.close()
+    assert (owned.closed, given.closed) == (1, 0)

@@ -103,6 +103,39 @@ async def test_independent_builds_select_the_reference_records(dulce_store, gold
         assert context.llm_calls == context.prompt_tokens == context.output_tokens == 0
 
 
+async def test_batched_entity_matching_builds_the_same_contexts(dulce_store, golden_local_context):
+    """DRIFT maps an epoch's follow-ups with one `match_entities` call; each context built from its
+    matches must equal the context built from the query vector alone."""
+    import numpy as np
+
+    builder = LocalContextBuilder(dulce_store)
+    for profile in ("local_default", "drift_default"):
+        cases = [case for case in golden_local_context["cases"] if case["profile"] == profile]
+        params = _params(cases[0])
+        vectors = np.asarray([case["query_vector"] for case in cases], dtype=np.float32)
+        matches = await builder.match_entities(vectors, **params)
+        assert len(matches) == len(cases)
+        for case, matched in zip(cases, matches):
+            batched = await builder.build("", query_vector=case["query_vector"], matched_entities=matched, **params)
+            alone = await LocalContextBuilder(dulce_store).build("", query_vector=case["query_vector"], **params)
+            assert _record_ids(batched) == _golden_ids(case), f"{profile}/{case['query_id']}"
+            assert batched.context_text == alone.context_text
+
+
+def test_token_count_cache_is_shared_and_bounded():
+    from drift_lance.local.render import TokenCountCache
+
+    tokenizer = get_tokenizer("o200k_base")
+    cache = TokenCountCache(max_chars=40)
+    first, second = TokenCounter(tokenizer, cache), TokenCounter(tokenizer, cache)
+    line = "12|SOME ENTITY|a description\n"  # 29 characters
+    assert first.count(line) == tokenizer.count(line)
+    assert line in cache.counts and second.count(line) == tokenizer.count(line)  # a later build reuses it
+    other = "13|OTHER ENTITY|more text\n"
+    assert second.count(other) == tokenizer.count(other)
+    assert list(cache.counts) == [other]  # 29 + 26 characters passed the bound: emptied, then added
+
+
 def test_line_by_line_token_sums_equal_whole_text_counts(golden_local_context):
     """The builder sums per-line counts where graphrag encodes whole sections; that is exact only at
     clean pre-token boundaries, which every golden section has."""

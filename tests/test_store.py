@@ -53,6 +53,25 @@ async def test_search_returns_all_columns_best_first(dulce_store):
     assert {"full_content", "rank", "vector"} <= set(found.columns)
 
 
+async def test_search_many_matches_one_search_per_query(dulce_store):
+    """DRIFT maps a whole epoch of follow-ups with one batched search: each result must be what
+    a single search for that vector returns (same rows, order and similarities)."""
+    queries = np.random.default_rng(3).standard_normal((6, 3072)).astype(np.float32)
+    batched = await dulce_store.search_many("entities", queries, 8, columns=["id", "title"])
+    assert len(batched) == 6
+    for query, found in zip(queries, batched):
+        single = await dulce_store.search("entities", query, 8, columns=["id", "title"])
+        assert found.columns == ["id", "title", "_similarity"]
+        assert found["id"].to_list() == single["id"].to_list()
+        np.testing.assert_allclose(found["_similarity"].to_numpy(), single["_similarity"].to_numpy(), atol=1e-5)
+    assert await dulce_store.search_many("entities", queries[:0], 8) == []
+    assert [f.height for f in await dulce_store.search_many("entities", queries[:2], 0, columns=["id"])] == [0, 0]
+    with pytest.raises(StoreError, match="2-d"):
+        await dulce_store.search_many("entities", queries[0], 8)
+    with pytest.raises(StoreError, match=r"dimension 384.*'entities'.*dimension 3072"):
+        await dulce_store.search_many("entities", np.ones((2, 384), dtype=np.float32), 3)
+
+
 async def test_search_dimension_mismatch_names_both(dulce_store):
     with pytest.raises(StoreError, match=r"dimension 384.*dimension 3072"):
         await dulce_store.search("entities", np.ones(384, dtype=np.float32), 3)
@@ -180,6 +199,11 @@ async def test_ann_search_recall_against_exact(ann_db):
         assert found["_similarity"].is_sorted(descending=True)
         hits += len(truth & set(found["id"]))
     assert hits / 200 >= 0.9
+    # the batched form answers ANN tables too, one query at a time
+    queries = matrix[:3] + 0.1 * rng.standard_normal((3, 64)).astype(np.float32)
+    batched = await store.search_many("entities", queries, 10, columns=["id"])
+    for query, found in zip(queries, batched):
+        assert found["id"].to_list() == (await store.search("entities", query, 10, columns=["id"]))["id"].to_list()
     await store.close()
 
 

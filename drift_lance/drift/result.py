@@ -12,6 +12,7 @@ from datetime import date, datetime
 from typing import Any
 
 import numpy as np
+import polars as pl
 from pydantic import BaseModel, Field
 
 __all__ = ["STAGES", "SearchResult", "to_jsonable"]
@@ -56,9 +57,10 @@ def to_jsonable(value: Any) -> Any:
         return [to_jsonable(item) for item in value]
     if isinstance(value, (datetime, date)):
         return value.isoformat()
-    to_dicts = getattr(value, "to_dicts", None)  # polars DataFrame
-    if callable(to_dicts):
-        return to_jsonable(to_dicts())
+    if isinstance(value, pl.DataFrame):
+        records = value.to_dicts()
+        # Context records are all strings (graphrag's record layout): nothing left to convert.
+        return records if all(dtype == pl.String for dtype in value.dtypes) else to_jsonable(records)
     return str(value)
 
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import polars as pl
 
 from drift_lance.config.drift import DRIFTSearchConfig
@@ -26,7 +27,7 @@ from drift_lance.drift.primer import DRIFTPrimer, check_embedder, failed_call_us
 from drift_lance.drift.prompts import DriftPrompts, load_prompts
 from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
 from drift_lance.drift.state import QueryState
-from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage
+from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, aclose_models
 from drift_lance.store import IndexStore
 
 __all__ = ["ContextBuilder", "DRIFTSearch", "DriftStream", "local_config_for_drift", "open_drift_search"]
@@ -40,7 +41,9 @@ class LocalContextLike(Protocol):
 
 
 class ContextBuilder(Protocol):
-    """What DRIFT needs from local search: `drift_lance.local.LocalContextBuilder` fits."""
+    """What DRIFT needs from local search: `drift_lance.local.LocalContextBuilder` fits. A builder
+    may also offer `match_entities(vectors) -> list` (one batched entity search per epoch, each
+    result passed back to `build` as `matched_entities`)."""
 
     async def build(self, query: str, *, query_vector: Any = None, embedder: Embedder | None = None) -> LocalContextLike: ...
 
@@ -72,6 +75,7 @@ class DRIFTSearch:
         prompts: DriftPrompts | None = None,
         callbacks: Sequence[DriftCallbacks] = (),
         owns_store: bool = False,
+        owned_models: Sequence[object] = (),
     ):
         self.store = store
         self.chat_model = chat_model
@@ -82,6 +86,7 @@ class DRIFTSearch:
         self.prompts = prompts or load_prompts(self.config)
         self.callbacks = list(callbacks)
         self._owns_store = owns_store
+        self._owned_models = list(owned_models)
         check_embedder(store, embedder)
 
     # ------------------------------------------------------------------ public API
@@ -103,8 +108,12 @@ class DRIFTSearch:
         return DriftStream(self, query, callbacks)
 
     async def close(self) -> None:
-        if self._owns_store:
-            await self.store.close()
+        """Close what `open_drift_search` opened: the store and the models it built."""
+        try:
+            await aclose_models(*self._owned_models)
+        finally:
+            if self._owns_store:
+                await self.store.close()
 
     async def __aenter__(self) -> DRIFTSearch:
         return self
@@ -151,9 +160,10 @@ class DRIFTSearch:
                 break
             await emit(run.callbacks, "on_epoch_start", epoch, batch)
             vectors = await self._embed_queries(batch)
+            matches = await self._match_entities(vectors)
             async with asyncio.TaskGroup() as group:
-                for action, vector in zip(batch, vectors, strict=True):
-                    group.create_task(self._run_action(run, action, epoch, vector))
+                for action, vector, matched in zip(batch, vectors, matches, strict=True):
+                    group.create_task(self._run_action(run, action, epoch, vector, matched))
             # Follow-ups join the graph in batch order, so node ids do not depend on timing.
             for action in batch:
                 run.state.add_all_follow_ups(action, action.follow_ups)
@@ -169,15 +179,34 @@ class DRIFTSearch:
             return [None] * len(batch)
         return list(matrix)
 
-    async def _run_action(self, run: _Run, action: DriftAction, epoch: int, query_vector: Any = None) -> None:
+    async def _match_entities(self, vectors: list[Any]) -> list[Any]:
+        """The epoch's entity searches as one batch (one matrix product for exactly searched
+        tables), where the builder offers it and every query has a vector; else None per action
+        and each build searches on its own. A failed batch degrades the same way."""
+        match_entities = getattr(self.context_builder, "match_entities", None)
+        if match_entities is None or not vectors or any(vector is None for vector in vectors):
+            return [None] * len(vectors)
+        try:
+            return list(await match_entities(np.stack(vectors)))
+        except Exception as exc:  # noqa: BLE001 - each action then searches (and fails) alone
+            log.warning("DRIFT: batched entity search failed (%s); searching per action", exc)
+            return [None] * len(vectors)
+
+    async def _run_action(
+        self, run: _Run, action: DriftAction, epoch: int, query_vector: Any = None, matched: Any = None
+    ) -> None:
         """Local search for one follow-up. Never raises (except cancellation): failures mark the action."""
         llm_started = False
         try:
             async with run.context_slots:
                 if query_vector is None:
                     context = await self.context_builder.build(action.query, embedder=self.embedder)
-                else:
+                elif matched is None:
                     context = await self.context_builder.build(action.query, query_vector=query_vector)
+                else:
+                    context = await self.context_builder.build(
+                        action.query, query_vector=query_vector, matched_entities=matched
+                    )
             action.metadata["context_data"] = dict(context.records)
             action.metadata["context_text"] = context.context_text
             cfg = self.config
@@ -237,7 +266,7 @@ class DRIFTSearch:
         return "\n\n".join(note for _, note in sorted(kept))
 
     def _result(self, run: _Run, *, response: Any) -> SearchResult:
-        graph, context_data, context_text = run.state.serialize(include_context=True)
+        context_data, context_text = run.state.contexts()
         calls = {stage: run.usage[stage].calls for stage in STAGES}
         prompt = {stage: run.usage[stage].prompt_tokens for stage in STAGES}
         output = {stage: run.usage[stage].output_tokens for stage in STAGES}
@@ -345,20 +374,29 @@ async def open_drift_search(
     config = config or DRIFTSearchConfig()
     prompts = load_prompts(config)  # fail on a bad prompt file before touching the store
     store = await open_store(db_uri, storage_options=storage_options)
+    built: list[object] = []
     try:
         local = local_config_for_drift(config, local_config)
         tokenizer = get_tokenizer(local.encoding)
+        if chat_model is None:
+            chat_model = get_chat_model(model_settings)
+            built.append(chat_model)
+        if embedder is None:
+            embedder = get_embedder(model_settings)
+            built.append(embedder)
         return DRIFTSearch(
             store=store,
-            chat_model=chat_model or get_chat_model(model_settings),
-            embedder=embedder or get_embedder(model_settings),
+            chat_model=chat_model,
+            embedder=embedder,
             context_builder=LocalContextBuilder(store, tokenizer=tokenizer, config=local),
             tokenizer=tokenizer,
             config=config,
             prompts=prompts,
             callbacks=callbacks,
             owns_store=True,
+            owned_models=built,
         )
     except BaseException:
+        await aclose_models(*built)
         await store.close()
         raise

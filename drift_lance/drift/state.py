@@ -116,6 +116,10 @@ class QueryState:
         graph = {"nodes": nodes, "edges": edges}
         if not include_context:
             return graph
+        return (graph, *self.contexts())
+
+    def contexts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(context data, context text) per action query, for the actions that built a context."""
         context_data = {
             node.query: to_jsonable(node.metadata["context_data"])
             for node in self.graph.nodes
@@ -126,7 +130,7 @@ class QueryState:
             for node in self.graph.nodes
             if node.metadata.get("context_text")
         }
-        return graph, context_data, context_text
+        return context_data, context_text
 
     @classmethod
     def deserialize(cls, data: dict[str, Any]) -> QueryState:

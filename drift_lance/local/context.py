@@ -29,7 +29,13 @@ from drift_lance.config.local import LocalSearchConfig
 from drift_lance.errors import ConfigError, EmbeddingMismatchError, StoreError
 from drift_lance.local.history import ConversationHistory
 from drift_lance.local.ranking import RelationshipSteps, community_order, rank_reports, rank_text_units
-from drift_lance.local.render import RenderedSection, TokenCounter, render_csv_section, render_table_section
+from drift_lance.local.render import (
+    RenderedSection,
+    TokenCountCache,
+    TokenCounter,
+    render_csv_section,
+    render_table_section,
+)
 from drift_lance.models.base import Embedder
 from drift_lance.models.tokens import Tokenizer, get_tokenizer
 from drift_lance.store import IndexStore
@@ -137,6 +143,7 @@ class LocalContextBuilder:
         # Only with carry_relationship_links: the `links` values graphrag leaves on its shared
         # relationship objects, which later builds print for relationships they never re-rank.
         self._links_memory: dict[str, int] = {}
+        self._token_counts: dict[str, TokenCountCache] = {}  # per encoding name, shared by builds
 
     def resolve_config(self, overrides: Mapping[str, Any]) -> LocalSearchConfig:
         if not overrides:
@@ -153,6 +160,19 @@ class LocalContextBuilder:
     def tokenizer_for(self, config: LocalSearchConfig) -> Tokenizer:
         return self._tokenizer or get_tokenizer(config.encoding)
 
+    async def match_entities(self, vectors: np.ndarray, **overrides: Any) -> list[pl.DataFrame]:
+        """The entity matches `build` would search for each query vector, from one batched store
+        search (DRIFT maps a whole epoch of follow-ups at once); pass each to `build` as
+        `matched_entities` together with its `query_vector`."""
+        cfg = self.resolve_config(overrides)
+        matrix = np.asarray(vectors, dtype=np.float32)
+        for vector in matrix:
+            self._check_vector(vector)
+        found = await self.store.search_many(
+            schema.ENTITIES, matrix, cfg.top_k_entities * OVERSAMPLE, columns=_ENTITY_COLUMNS
+        )
+        return [frame.drop("_similarity") for frame in found]
+
     async def build(
         self,
         query: str,
@@ -160,11 +180,14 @@ class LocalContextBuilder:
         query_vector: np.ndarray | Sequence[float] | None = None,
         embedder: Embedder | None = None,
         conversation_history: Any = None,
+        matched_entities: pl.DataFrame | None = None,
         **overrides: Any,
     ) -> LocalContext:
+        """The context for `query`. `matched_entities` (from `match_entities`, for the same vector
+        and settings, no conversation history) skips the entity search."""
         cfg = self.resolve_config(overrides)
         tokenizer = self.tokenizer_for(cfg)
-        counter = TokenCounter(tokenizer)
+        counter = TokenCounter(tokenizer, self._token_counts.setdefault(tokenizer.name, TokenCountCache()))
         history = ConversationHistory.from_any(conversation_history)
 
         mapping_text = query
@@ -172,8 +195,11 @@ class LocalContextBuilder:
             # graphrag maps the query plus the previous user questions to entities.
             recent = history.recent_user_questions(cfg.conversation_history_max_turns)
             mapping_text = f"{query}\n" + "\n".join(recent)
-        vector = await self._query_vector(mapping_text, query_vector, embedder)
-        selected = await self._select_entities(mapping_text, vector, cfg)
+        if matched_entities is not None and not history:
+            selected = await self._select_entities(mapping_text, None, cfg, matched=matched_entities)
+        else:
+            vector = await self._query_vector(mapping_text, query_vector, embedder)
+            selected = await self._select_entities(mapping_text, vector, cfg)
 
         parts: list[str] = []
         budget = cfg.max_context_tokens
@@ -222,12 +248,7 @@ class LocalContextBuilder:
     ) -> np.ndarray | None:
         if query_vector is not None:
             vector = np.asarray(query_vector, dtype=np.float32).reshape(-1)
-            info = self.store.manifest.vectors.get(schema.ENTITIES)
-            if info is not None and vector.shape[0] != info.dimension:
-                raise EmbeddingMismatchError(
-                    f"query vector has dimension {vector.shape[0]} but table 'entities' of {self.store.uri} "
-                    f"holds {info.dimension}-d vectors (model {info.model!r})"
-                )
+            self._check_vector(vector)
             return vector
         if text == "":
             return None  # graphrag: an empty query selects the highest-degree entities
@@ -237,15 +258,25 @@ class LocalContextBuilder:
         matrix = await embedder.embed([text], kind="query")
         return np.asarray(matrix, dtype=np.float32)[0]
 
-    async def _select_entities(self, text: str, vector: np.ndarray | None, cfg: LocalSearchConfig) -> pl.DataFrame:
+    def _check_vector(self, vector: np.ndarray) -> None:
+        info = self.store.manifest.vectors.get(schema.ENTITIES)
+        if info is not None and vector.shape[0] != info.dimension:
+            raise EmbeddingMismatchError(
+                f"query vector has dimension {vector.shape[0]} but table 'entities' of {self.store.uri} "
+                f"holds {info.dimension}-d vectors (model {info.model!r})"
+            )
+
+    async def _select_entities(
+        self, text: str, vector: np.ndarray | None, cfg: LocalSearchConfig, *, matched: pl.DataFrame | None = None
+    ) -> pl.DataFrame:
         """Selected entities in graphrag's order: included names first, then the ANN matches that
         are members at `community_level` and not excluded. Duplicates are kept, as graphrag does."""
         level = cfg.community_level
-        if vector is not None:
+        if matched is None and vector is not None:
             k = cfg.top_k_entities * OVERSAMPLE
             matched = await self.store.search(schema.ENTITIES, vector, k, columns=_ENTITY_COLUMNS)
             matched = matched.drop("_similarity")
-        else:
+        elif matched is None:
             matched = await self._top_degree_entities(cfg.top_k_entities, level)
         matched = _with_membership(matched, level)
         if cfg.exclude_entity_names:
@@ -528,11 +559,16 @@ def _eligible(level: int) -> pl.Expr:
 def _with_membership(frame: pl.DataFrame, level: int) -> pl.DataFrame:
     """Keep eligible entities and add `membership`: their communities at levels <= `level`, in
     stored (community-table) order."""
-    frame = frame.filter(_eligible(level))
-    memberships = [
-        [c for c, lvl in zip(ids or (), levels or ()) if lvl is not None and lvl <= level]
-        for ids, levels in zip(frame["community_ids"].to_list(), frame["community_levels"].to_list())
-    ]
+    # Plain Python over a few dozen rows: a list.eval filter costs more than the whole loop.
+    keep, memberships = [], []
+    for ids, levels in zip(frame["community_ids"].to_list(), frame["community_levels"].to_list()):
+        levels = levels or ()
+        eligible = not levels or any(lvl is not None and lvl <= level for lvl in levels)
+        keep.append(eligible)
+        if eligible:
+            memberships.append([c for c, lvl in zip(ids or (), levels) if lvl is not None and lvl <= level])
+    if not all(keep):
+        frame = frame.filter(pl.Series(keep, dtype=pl.Boolean))
     return frame.with_columns(pl.Series("membership", memberships, dtype=pl.List(pl.Int64)))
 
 

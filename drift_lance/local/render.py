@@ -18,21 +18,40 @@ import polars as pl
 
 from drift_lance.models.tokens import Tokenizer
 
-__all__ = ["RenderedSection", "TokenCounter", "render_csv_section", "render_table_section"]
+__all__ = ["RenderedSection", "TokenCountCache", "TokenCounter", "render_csv_section", "render_table_section"]
+
+
+class TokenCountCache:
+    """Token counts of rendered lines, kept across the builds of one context builder: DRIFT's
+    follow-ups of one query render mostly the same entity, relationship, report and source lines.
+    Emptied whenever the text it has counted passes `max_chars`, so memory stays bounded."""
+
+    def __init__(self, max_chars: int = 16_000_000):
+        self.max_chars = max_chars
+        self.counts: dict[str, int] = {}
+        self._chars = 0
+
+    def add(self, text: str, tokens: int) -> None:
+        self._chars += len(text)
+        if self._chars > self.max_chars:
+            self.counts.clear()
+            self._chars = len(text)
+        self.counts[text] = tokens
 
 
 class TokenCounter:
-    """Token counts with a per-build cache: the relationship and claim sections are re-rendered
-    once per added entity, mostly from the same lines."""
+    """Token counts with a cache: the relationship and claim sections are re-rendered once per
+    added entity, mostly from the same lines (and other builds rendered many of them already)."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, cache: TokenCountCache | None = None):
         self.tokenizer = tokenizer
-        self._cache: dict[str, int] = {}
+        self._cache = cache if cache is not None else TokenCountCache()
 
     def count(self, text: str) -> int:
-        cached = self._cache.get(text)
+        cached = self._cache.counts.get(text)
         if cached is None:
-            cached = self._cache[text] = self.tokenizer.count(text)
+            cached = self.tokenizer.count(text)
+            self._cache.add(text, cached)
         return cached
 
     def count_joined(self, pieces: Sequence[str]) -> int:
