@@ -18,6 +18,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -246,12 +247,13 @@ class LanceStore:
             return [empty for _ in queries]
         # One row per query: a single query is a matrix-vector product, a batch one matrix product.
         scores = queries @ exact.matrix.T if len(queries) > 1 else (exact.matrix @ queries[0])[None, :]
-        results = []
-        for row in scores:
-            top = _top_k_stable(row, min(k, n))
-            frame = await self._rows_by_id(table, exact.row_ids[top], columns)
-            results.append(frame.with_columns(pl.Series(SIMILARITY, row[top].astype(np.float64))))
-        return results
+        tops = [_top_k_stable(row, min(k, n)) for row in scores]
+        # One row read for the whole batch, then a zero-copy slice per query.
+        frame = await self._rows_by_id(table, exact.row_ids[np.concatenate(tops)], columns)
+        similarity = np.concatenate([row[top] for row, top in zip(scores, tops)]).astype(np.float64)
+        frame = frame.with_columns(pl.Series(SIMILARITY, similarity))
+        offsets = np.cumsum([0, *(len(top) for top in tops)])
+        return [frame.slice(int(start), int(end - start)) for start, end in zip(offsets[:-1], offsets[1:])]
 
     async def _rows_by_id(self, table: str, wanted: np.ndarray, columns: Sequence[str] | None) -> pl.DataFrame:
         """Rows with the given LanceDB row ids, in that order, without `_rowid`."""
@@ -371,10 +373,34 @@ class LanceStore:
             wanted = pa.array(values, type=column.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
             return None  # e.g. strings for an integer column: LanceDB's SQL decides
-        picked = rows.filter(pc.is_in(column, value_set=wanted)).select(list(columns))
+        positions = self._key_positions(table, key, rows)
+        if positions is None:
+            picked = rows.filter(pc.is_in(column, value_set=wanted)).select(list(columns))
+        else:
+            found = sorted(chain.from_iterable(positions.get(v, ()) for v in wanted.to_pylist()))
+            picked = rows.select(list(columns)).take(pa.array(found, type=pa.int64()))
         frame = pl.from_arrow(picked)
         assert isinstance(frame, pl.DataFrame)
         return frame
+
+    def _key_positions(self, table: str, key: str, rows: pa.Table) -> dict[Any, list[int]] | None:
+        """{value: row positions} of a cached table's key column, built on first lookup and kept in
+        the table cache: a lookup then costs the values asked for, not a pass over the column
+        (~0.8 ms per is_in filter at 10^4 entities, five per local context). None for key types
+        that are not plain integers or strings, or when the cache has no room."""
+        column = rows.column(key)
+        if not (pa.types.is_integer(column.type) or pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            return None
+        cache_key = (table, self.manifest.tables[table].version, "positions", key)
+        positions = self.table_cache.get(cache_key)
+        if positions is None:
+            positions = {}
+            for position, value in enumerate(column.to_pylist()):
+                if value is not None:
+                    positions.setdefault(value, []).append(position)
+            if not self.table_cache.put(cache_key, positions, _POSITIONS_BYTES_PER_ROW * len(column)):
+                return None
+        return positions
 
     async def scan(
         self,
@@ -444,6 +470,9 @@ class LanceStore:
         if with_similarity:
             frame = frame.with_columns(pl.Series(SIMILARITY, [], dtype=pl.Float64))
         return frame
+
+
+_POSITIONS_BYTES_PER_ROW = 200  # a key-positions dict entry: key object, list, int, hash slot
 
 
 def _positions_of(rows: pa.Table, row_ids: np.ndarray) -> pa.Array:
