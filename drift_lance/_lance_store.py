@@ -177,7 +177,7 @@ class LanceStore:
         columns: Sequence[str] | None = None,
     ) -> list[pl.DataFrame]:
         """`search` for each row of `vectors`. Exactly searched tables score every query in one
-        matrix product (20 queries cost about 5 single ones); ANN queries run one by one."""
+        matrix product (20 queries cost about 5 single ones); ANN queries run concurrently."""
         matrix = np.asarray(vectors)
         if matrix.ndim != 2:
             raise StoreError(f"{self.uri}: query vectors for table {table!r} must be a 2-d array, got {matrix.ndim}-d")
@@ -186,7 +186,9 @@ class LanceStore:
             empty = await self._empty(table, columns, with_similarity=True)
             return [empty for _ in queries]
         if self.manifest.tables[table].vector_index and not self._exact_in_memory(table):
-            return [await self._search_ann(table, query, k, columns) for query in queries]
+            # LanceDB runs concurrent queries on its own threads: 20 at 10^6 x 1536 take ~355 ms
+            # together against ~580 ms one after another (its multi-vector query is no faster).
+            return list(await asyncio.gather(*(self._search_ann(table, query, k, columns) for query in queries)))
         return await self._search_exact(table, np.stack(queries), k, columns)
 
     def _exact_in_memory(self, table: str) -> bool:

@@ -421,8 +421,10 @@ class _CountingBuilder:
         self.inner = LocalContextBuilder(store)
         self.fail_batch = fail_batch
         self.batches: list[int] = []
+        self.prefetches: list[int] = []
         self.builds_with_matches = 0
         self.builds_searching = 0
+        self.builds_with_candidates = 0
 
     async def match_entities(self, vectors):
         if self.fail_batch:
@@ -430,19 +432,25 @@ class _CountingBuilder:
         self.batches.append(len(vectors))
         return await self.inner.match_entities(vectors)
 
-    async def build(self, query, *, query_vector=None, embedder=None, matched_entities=None):
+    async def prefetch(self, matches):
+        self.prefetches.append(len(matches))
+        return await self.inner.prefetch(matches)
+
+    async def build(self, query, *, query_vector=None, embedder=None, matched_entities=None, candidates=None):
         if matched_entities is None:
             self.builds_searching += 1
         else:
             self.builds_with_matches += 1
+        self.builds_with_candidates += candidates is not None
         return await self.inner.build(query, query_vector=query_vector, embedder=embedder,
-                                      matched_entities=matched_entities)
+                                      matched_entities=matched_entities, candidates=candidates)
 
 
 @pytest.mark.parametrize("fail_batch", [False, True])
 async def test_each_epoch_maps_its_follow_ups_with_one_batched_entity_search(dulce_db_uri, fail_batch):
-    """One store search per epoch instead of one per action (one matrix product on exactly searched
-    tables); if the batch fails, each action searches on its own and the query still completes."""
+    """One store search and one round of row lookups per epoch instead of one per action (one
+    matrix product on exactly searched tables); if the batch fails, each action searches and looks
+    up on its own and the query still completes."""
     from drift_lance._lance_store import open_store
 
     store = await open_store(dulce_db_uri)
@@ -459,9 +467,11 @@ async def test_each_epoch_maps_its_follow_ups_with_one_batched_entity_search(dul
     assert result.llm_calls_categories["action"] == 6
     assert all("-----Entities-----" in text for query, text in result.context_text.items() if "/" in query or "-" in query)
     if fail_batch:
-        assert builder.batches == [] and (builder.builds_searching, builder.builds_with_matches) == (6, 0)
+        assert builder.batches == builder.prefetches == []
+        assert (builder.builds_searching, builder.builds_with_matches, builder.builds_with_candidates) == (6, 0, 0)
     else:
-        assert builder.batches == [3, 3] and (builder.builds_searching, builder.builds_with_matches) == (0, 6)
+        assert builder.batches == builder.prefetches == [3, 3]
+        assert (builder.builds_searching, builder.builds_with_matches, builder.builds_with_candidates) == (0, 6, 6)
 
 
 async def test_close_closes_the_models_the_search_owns_and_nothing_else(store):

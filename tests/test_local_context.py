@@ -104,8 +104,9 @@ async def test_independent_builds_select_the_reference_records(dulce_store, gold
 
 
 async def test_batched_entity_matching_builds_the_same_contexts(dulce_store, golden_local_context):
-    """DRIFT maps an epoch's follow-ups with one `match_entities` call; each context built from its
-    matches must equal the context built from the query vector alone."""
+    """DRIFT maps an epoch's follow-ups with one `match_entities` call and looks their rows up with
+    one `prefetch`; each context built from those must equal the context built from the query vector
+    alone."""
     import numpy as np
 
     builder = LocalContextBuilder(dulce_store)
@@ -114,12 +115,14 @@ async def test_batched_entity_matching_builds_the_same_contexts(dulce_store, gol
         params = _params(cases[0])
         vectors = np.asarray([case["query_vector"] for case in cases], dtype=np.float32)
         matches = await builder.match_entities(vectors, **params)
+        candidates = await builder.prefetch(matches, **params)
         assert len(matches) == len(cases)
         for case, matched in zip(cases, matches):
-            batched = await builder.build("", query_vector=case["query_vector"], matched_entities=matched, **params)
             alone = await LocalContextBuilder(dulce_store).build("", query_vector=case["query_vector"], **params)
-            assert _record_ids(batched) == _golden_ids(case), f"{profile}/{case['query_id']}"
-            assert batched.context_text == alone.context_text
+            for extra in ({"matched_entities": matched}, {"matched_entities": matched, "candidates": candidates}):
+                batched = await builder.build("", query_vector=case["query_vector"], **extra, **params)
+                assert _record_ids(batched) == _golden_ids(case), f"{profile}/{case['query_id']}"
+                assert batched.context_text == alone.context_text
 
 
 def test_token_count_cache_is_shared_and_bounded():

@@ -43,7 +43,8 @@ class LocalContextLike(Protocol):
 class ContextBuilder(Protocol):
     """What DRIFT needs from local search: `drift_lance.local.LocalContextBuilder` fits. A builder
     may also offer `match_entities(vectors) -> list` (one batched entity search per epoch, each
-    result passed back to `build` as `matched_entities`)."""
+    result passed back to `build` as `matched_entities`) and `prefetch(matches)` (the epoch's row
+    lookups in one round, passed to every `build` as `candidates`)."""
 
     async def build(self, query: str, *, query_vector: Any = None, embedder: Embedder | None = None) -> LocalContextLike: ...
 
@@ -160,10 +161,10 @@ class DRIFTSearch:
                 break
             await emit(run.callbacks, "on_epoch_start", epoch, batch)
             vectors = await self._embed_queries(batch)
-            matches = await self._match_entities(vectors)
+            prepared = await self._prepare_contexts(vectors)
             async with asyncio.TaskGroup() as group:
-                for action, vector, matched in zip(batch, vectors, matches, strict=True):
-                    group.create_task(self._run_action(run, action, epoch, vector, matched))
+                for action, vector, extra in zip(batch, vectors, prepared, strict=True):
+                    group.create_task(self._run_action(run, action, epoch, vector, extra))
             # Follow-ups join the graph in batch order, so node ids do not depend on timing.
             for action in batch:
                 run.state.add_all_follow_ups(action, action.follow_ups)
@@ -179,21 +180,35 @@ class DRIFTSearch:
             return [None] * len(batch)
         return list(matrix)
 
-    async def _match_entities(self, vectors: list[Any]) -> list[Any]:
-        """The epoch's entity searches as one batch (one matrix product for exactly searched
-        tables), where the builder offers it and every query has a vector; else None per action
-        and each build searches on its own. A failed batch degrades the same way."""
-        match_entities = getattr(self.context_builder, "match_entities", None)
+    async def _prepare_contexts(self, vectors: list[Any]) -> list[dict[str, Any]]:
+        """Extra `build` arguments per action: the epoch's entity searches as one batch (one
+        matrix product for exactly searched tables) and its row lookups as one round
+        (`match_entities` / `prefetch`, where the builder offers them and every query has a
+        vector). Without them, or if they fail, each build searches and looks up on its own."""
+        none: list[dict[str, Any]] = [{} for _ in vectors]
+        builder = self.context_builder
+        match_entities = getattr(builder, "match_entities", None)
         if match_entities is None or not vectors or any(vector is None for vector in vectors):
-            return [None] * len(vectors)
+            return none
         try:
-            return list(await match_entities(np.stack(vectors)))
+            matches = list(await match_entities(np.stack(vectors)))
         except Exception as exc:  # noqa: BLE001 - each action then searches (and fails) alone
             log.warning("DRIFT: batched entity search failed (%s); searching per action", exc)
-            return [None] * len(vectors)
+            return none
+        prepared: list[dict[str, Any]] = [{"matched_entities": matched} for matched in matches]
+        prefetch = getattr(builder, "prefetch", None)
+        if prefetch is not None:
+            try:
+                candidates = await prefetch(matches)
+            except Exception as exc:  # noqa: BLE001 - each build then looks its rows up itself
+                log.warning("DRIFT: batched row lookup failed (%s); looking up per action", exc)
+            else:
+                for extra in prepared:
+                    extra["candidates"] = candidates
+        return prepared
 
     async def _run_action(
-        self, run: _Run, action: DriftAction, epoch: int, query_vector: Any = None, matched: Any = None
+        self, run: _Run, action: DriftAction, epoch: int, query_vector: Any = None, extra: dict[str, Any] | None = None
     ) -> None:
         """Local search for one follow-up. Never raises (except cancellation): failures mark the action."""
         llm_started = False
@@ -201,12 +216,8 @@ class DRIFTSearch:
             async with run.context_slots:
                 if query_vector is None:
                     context = await self.context_builder.build(action.query, embedder=self.embedder)
-                elif matched is None:
-                    context = await self.context_builder.build(action.query, query_vector=query_vector)
                 else:
-                    context = await self.context_builder.build(
-                        action.query, query_vector=query_vector, matched_entities=matched
-                    )
+                    context = await self.context_builder.build(action.query, query_vector=query_vector, **(extra or {}))
             action.metadata["context_data"] = dict(context.records)
             action.metadata["context_text"] = context.context_text
             cfg = self.config

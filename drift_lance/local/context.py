@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
@@ -42,6 +42,7 @@ from drift_lance.store import IndexStore
 
 __all__ = [
     "SECTIONS",
+    "CandidateRows",
     "LocalContext",
     "LocalContextBuilder",
     "build_local_context",
@@ -130,6 +131,32 @@ def check_embedder_compatible(store: IndexStore, embedder: Embedder, table: str 
         )
 
 
+class RowSource(Protocol):
+    async def fetch(self, table: str, key: str, values: Sequence[Any], *, columns: Sequence[str] | None = None) -> pl.DataFrame: ...
+
+
+class CandidateRows:
+    """Rows fetched once for several builds (`LocalContextBuilder.prefetch`): a build's lookup is
+    a filter of the prefetched rows. Lookups the prefetch did not cover go to the store."""
+
+    def __init__(self, store: IndexStore, frames: Mapping[tuple[str, str], pl.DataFrame]):
+        self.store = store
+        self.frames = dict(frames)
+        self._positions: dict[tuple[str, str], dict[Any, list[int]]] = {}
+
+    async def fetch(self, table: str, key: str, values: Sequence[Any], *, columns: Sequence[str] | None = None) -> pl.DataFrame:
+        frame = self.frames.get((table, key))
+        if frame is None or columns is None or not set(columns) <= set(frame.columns):
+            return await self.store.fetch(table, key, values, columns=columns)
+        positions = self._positions.get((table, key))
+        if positions is None:  # once per lookup kind: later builds pick rows by position
+            positions = self._positions[(table, key)] = {}
+            for position, value in enumerate(frame[key].to_list()):
+                positions.setdefault(value, []).append(position)
+        picked = sorted(chain.from_iterable(positions.get(value, ()) for value in dict.fromkeys(values)))
+        return frame.select(list(columns))[picked]
+
+
 class LocalContextBuilder:
     """Builds graphrag-identical local-search contexts from an `IndexStore`.
 
@@ -181,10 +208,12 @@ class LocalContextBuilder:
         embedder: Embedder | None = None,
         conversation_history: Any = None,
         matched_entities: pl.DataFrame | None = None,
+        candidates: CandidateRows | None = None,
         **overrides: Any,
     ) -> LocalContext:
         """The context for `query`. `matched_entities` (from `match_entities`, for the same vector
-        and settings, no conversation history) skips the entity search."""
+        and settings, no conversation history) skips the entity search; `candidates` (from
+        `prefetch` over those matches) answers the row lookups without asking the store."""
         cfg = self.resolve_config(overrides)
         tokenizer = self.tokenizer_for(cfg)
         counter = TokenCounter(tokenizer, self._token_counts.setdefault(tokenizer.name, TokenCountCache()))
@@ -215,7 +244,8 @@ class LocalContextBuilder:
                 parts.append(history_text)
                 budget -= counter.count(history_text)
 
-        fetched = await self._fetch_candidates(selected, cfg)
+        rows: RowSource = candidates if candidates is not None else self.store
+        fetched = await self._fetch_candidates(selected, cfg, rows)
         records: dict[str, pl.DataFrame] = {}
 
         reports = self._reports_section(selected, fetched, cfg, counter, max(int(budget * cfg.community_prop), 0))
@@ -229,7 +259,7 @@ class LocalContextBuilder:
             parts.append(local_text)
         records.update(local_records)
 
-        sources = await self._sources_section(selected, fetched, cfg, counter, max(int(budget * cfg.text_unit_prop), 0))
+        sources = await self._sources_section(selected, fetched, cfg, counter, max(int(budget * cfg.text_unit_prop), 0), rows)
         if sources.text.strip():
             parts.append(sources.text)
         records["sources"] = sources.records()
@@ -303,32 +333,50 @@ class LocalContextBuilder:
 
     # ------------------------------------------------------------------ fetching
 
-    async def _fetch_candidates(self, selected: pl.DataFrame, cfg: LocalSearchConfig) -> dict[str, pl.DataFrame]:
-        """Every candidate row the sections rank, in one concurrent round of key lookups."""
-        store = self.store
+    async def prefetch(self, matches: Sequence[pl.DataFrame], **overrides: Any) -> CandidateRows:
+        """Every row the builds over `matches` (from `match_entities`) will look up, in one round of
+        store lookups for all of them (DRIFT's epoch: 4 queries instead of ~100 on a LanceDB-backed
+        index). Pass the result to each `build` as `candidates`."""
+        cfg = self.resolve_config(overrides)
+        selections = [await self._select_entities("", None, cfg, matched=matched) for matched in matches]
+        found = [selected for selected in selections if len(selected)]
+        if not found:
+            return CandidateRows(self.store, {})
+        union = pl.concat(found, how="vertical_relaxed")
+        lookups = self._candidate_lookups(union, cfg, unit_columns=[*_UNIT_RANKING_COLUMNS, "text"])
+        frames = await asyncio.gather(*(self._lookup(self.store, *lookup) for lookup in lookups))
+        return CandidateRows(self.store, {(lookup[0], lookup[1]): frame for lookup, frame in zip(lookups, frames)})
+
+    def _candidate_lookups(
+        self, selected: pl.DataFrame, cfg: LocalSearchConfig, *, unit_columns: list[str] = _UNIT_RANKING_COLUMNS
+    ) -> list[tuple[str, str, list[Any], list[str]]]:
+        """(table, key, values, columns) of the lookups for the selected entities' candidate rows:
+        reports by community, relationships by source and by target title, claims by subject,
+        text units by id."""
         titles = selected["title"].unique(maintain_order=True).to_list()
         communities = sorted({c for members in selected["membership"].to_list() for c in members})
         unit_ids = list(dict.fromkeys(chain.from_iterable(u or () for u in selected["text_unit_ids"].to_list())))
         content = "summary" if cfg.use_community_summary else "full_content"
+        claims_active = cfg.include_claims and self.store.has_table(schema.COVARIATES)
+        return [
+            (schema.COMMUNITY_REPORTS, "community", communities, ["community", "level", "rank", "title", content]),
+            (schema.RELATIONSHIPS, "source", titles, _RELATIONSHIP_COLUMNS),
+            (schema.RELATIONSHIPS, "target", titles, _RELATIONSHIP_COLUMNS),
+            (schema.COVARIATES, "subject_id", titles if claims_active else [], _CLAIM_COLUMNS),
+            (schema.TEXT_UNITS, "id", unit_ids, unit_columns),
+        ]
 
-        async def nothing() -> pl.DataFrame:
+    async def _lookup(self, rows: RowSource, table: str, key: str, values: list[Any], columns: list[str]) -> pl.DataFrame:
+        if not values or not self.store.has_table(table):
             return pl.DataFrame()
+        return await rows.fetch(table, key, values, columns=columns)
 
-        def lookup(table: str, key: str, values: list[Any], columns: list[str]):
-            if not values or not store.has_table(table):
-                return nothing()
-            return store.fetch(table, key, values, columns=columns)
-
-        report_columns = ["community", "level", "rank", "title", content]
-        claims_active = cfg.include_claims and store.has_table(schema.COVARIATES)
-        results = await asyncio.gather(
-            lookup(schema.COMMUNITY_REPORTS, "community", communities, report_columns),
-            lookup(schema.RELATIONSHIPS, "source", titles, _RELATIONSHIP_COLUMNS),
-            lookup(schema.RELATIONSHIPS, "target", titles, _RELATIONSHIP_COLUMNS),
-            lookup(schema.COVARIATES, "subject_id", titles if claims_active else [], _CLAIM_COLUMNS),
-            lookup(schema.TEXT_UNITS, "id", unit_ids, _UNIT_RANKING_COLUMNS),
+    async def _fetch_candidates(self, selected: pl.DataFrame, cfg: LocalSearchConfig, rows: RowSource) -> dict[str, pl.DataFrame]:
+        """Every candidate row the sections rank, in one concurrent round of key lookups."""
+        lookups = self._candidate_lookups(selected, cfg)
+        reports, by_source, by_target, claims, units = await asyncio.gather(
+            *(self._lookup(rows, *lookup) for lookup in lookups)
         )
-        reports, by_source, by_target, claims, units = results
         found = [frame for frame in (by_source, by_target) if len(frame)]
         relationships = (
             pl.concat(found, how="vertical_relaxed").unique("id", keep="first").sort("human_readable_id")
@@ -336,6 +384,7 @@ class LocalContextBuilder:
             else _empty_relationships()
         )
         if len(reports):
+            content = "summary" if cfg.use_community_summary else "full_content"
             reports = reports.filter(pl.col("level") <= cfg.community_level).rename({content: "content"})
         return {
             "reports": reports,
@@ -480,7 +529,13 @@ class LocalContextBuilder:
         return render_table_section("Relationships", full_header, rows(), budget=budget, counter=counter, delimiter=delimiter)
 
     async def _sources_section(
-        self, selected: pl.DataFrame, fetched: dict[str, pl.DataFrame], cfg: LocalSearchConfig, counter: TokenCounter, budget: int
+        self,
+        selected: pl.DataFrame,
+        fetched: dict[str, pl.DataFrame],
+        cfg: LocalSearchConfig,
+        counter: TokenCounter,
+        budget: int,
+        rows_source: RowSource,
     ) -> RenderedSection:
         header = ["id", "text"]
         units = fetched["units"]
@@ -501,7 +556,7 @@ class LocalContextBuilder:
         while True:
             missing = [u for u in ranked[:fetch_upto] if u not in texts]
             if missing:
-                rows = await self.store.fetch(schema.TEXT_UNITS, "id", missing, columns=["id", "text"])
+                rows = await rows_source.fetch(schema.TEXT_UNITS, "id", missing, columns=["id", "text"])
                 texts.update(zip(rows["id"].to_list(), rows["text"].to_list()))
             section = render_table_section(
                 "Sources",

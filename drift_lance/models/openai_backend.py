@@ -180,6 +180,9 @@ class _Endpoint:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
         )
+        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncIterator[None]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def key(self) -> tuple[str, str]:
@@ -190,6 +193,7 @@ class _Endpoint:
         client = self._clients.get(loop)
         if client is None:
             client = self._clients[loop] = self._make_client()
+            self._closers[loop] = _close_at_loop_shutdown(loop, client)
         return client
 
     def _make_client(self) -> openai.AsyncOpenAI:
@@ -225,7 +229,9 @@ class _Endpoint:
         return json.loads(response.content)
 
     async def aclose(self) -> None:
-        client = self._clients.pop(asyncio.get_running_loop(), None)
+        loop = asyncio.get_running_loop()
+        client = self._clients.pop(loop, None)
+        self._closers.pop(loop, None)
         if client is not None:
             await client.close()
 
@@ -263,6 +269,23 @@ class _Endpoint:
         reason = _describe(exc, self.settings.request_timeout)[0] if exc else "?"
         wait = state.next_action.sleep if state.next_action else 0.0
         log.warning("%s at %s: %s; retry %d in %.2fs", self.model, self.endpoint, reason, state.attempt_number, wait)
+
+
+def _close_at_loop_shutdown(loop: asyncio.AbstractEventLoop, client: openai.AsyncOpenAI) -> AsyncIterator[None]:
+    """Close `client` when its event loop shuts down, for models nobody closed: a model used from
+    several `asyncio.run` calls gets one client per loop, and an aiohttp session left open warns when
+    collected. The loop finalizes async generators it saw start (`asyncio.run` and pytest-asyncio
+    do, before closing); the caller keeps the generator alive until then."""
+
+    async def closer() -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await client.close()
+
+    generator = closer()
+    loop.create_task(anext(generator))  # first step registers it with the loop's asyncgen hooks
+    return generator
 
 
 # ---------------------------------------------------------------- chat
