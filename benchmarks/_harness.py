@@ -174,11 +174,13 @@ def emit_result(result: dict[str, Any]) -> None:
 
 def record_key(record: dict[str, Any]) -> str:
     """Identity of a case: a rerun with the same key replaces the older record. Sweep and curve points
-    are one case per index type and parameter set; every other benchmark keeps one record per
-    (rows, dim, method), the latest."""
+    are one case per index type and parameter set, DRIFT runs one per simulated LLM latency; every
+    other benchmark keeps one record per (rows, dim, method), the latest."""
     parts = [record.get("benchmark"), record.get("rows"), record.get("dim"), record.get("method")]
     if record.get("benchmark") in ("sweep", "curve"):
         parts += [record.get("index_type"), json.dumps(record.get("params", {}), sort_keys=True)]
+    elif record.get("benchmark") == "drift":
+        parts.append(record.get("params", {}).get("latency_ms"))
     return json.dumps(parts)
 
 

@@ -142,7 +142,8 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
         mean_bound = sum(bounds) / len(bounds)
         return {
             **latency_summary(walls), "queries": len(walls), "mean_wall_ms": mean_wall * 1000,
-            "critical_path_ms": mean_bound * 1000, "overhead_pct": 100.0 * (mean_wall - mean_bound) / mean_wall,
+            "critical_path_ms": mean_bound * 1000, "overhead_ms": (mean_wall - mean_bound) * 1000,
+            "overhead_pct": 100.0 * (mean_wall - mean_bound) / mean_wall,
             "llm_calls": sum(calls) / len(calls), "prompt_tokens": sum(prompt_tokens) / len(prompt_tokens),
             "output_tokens": sum(output_tokens) / len(output_tokens),
             "config": {"n_depth": config.n_depth, "drift_k_followups": config.drift_k_followups,
@@ -164,7 +165,7 @@ def run_drift(latency_ms: float, queries: int, rows: int, dim: int, out: Path, w
         benchmark="drift", rows=rows, dim=dim, method="drift_lance_drift",
         p50_ms=case["p50_ms"], p95_ms=case["p95_ms"], p99_ms=case["p99_ms"], peak_rss_mb=case["peak_rss_mb"],
         queries=case["queries"], params={"latency_ms": latency_ms, **case["config"]},
-        extra={k: case[k] for k in ("mean_wall_ms", "critical_path_ms", "overhead_pct", "llm_calls", "prompt_tokens",
+        extra={k: case[k] for k in ("mean_wall_ms", "critical_path_ms", "overhead_ms", "overhead_pct", "llm_calls", "prompt_tokens",
                                     "output_tokens", "max_concurrent_llm", "epoch_sizes", "rounds",
                                     "llm_calls_by_stage")}
         | {"latency_ms": latency_ms},

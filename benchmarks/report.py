@@ -111,7 +111,8 @@ def _simple_section(out: Path, name: str, title: str, columns: list[tuple[str, s
     records = load_records(out, name)
     if not records:
         return ""
-    rows = [[_fmt(_get(r, key)) for key, _ in columns] for r in sorted(records, key=lambda r: (r.get("rows") or 0))]
+    ordered = sorted(records, key=lambda r: (r.get("rows") or 0, r.get("dim") or 0, _get(r, "latency_ms") or 0))
+    rows = [[_fmt(_get(r, key)) for key, _ in columns] for r in ordered]
     return f"## {title}\n\n" + _table([label for _, label in columns], rows) + "\n"
 
 
@@ -136,8 +137,9 @@ def _context_section(out: Path) -> str:
 
 def _drift_section(out: Path) -> str:
     return _simple_section(out, "drift", "End-to-end DRIFT (fake OpenAI server on 127.0.0.1)", [
-        ("rows", "entities"), ("method", "method"), ("latency_ms", "LLM latency ms"), ("p50_ms", "wall p50 ms"),
-        ("critical_path_ms", "critical path ms"), ("overhead_pct", "overhead %"), ("llm_calls", "LLM calls/query"),
+        ("rows", "entities"), ("dim", "dim"), ("method", "method"), ("latency_ms", "LLM latency ms"),
+        ("p50_ms", "wall p50 ms"), ("critical_path_ms", "critical path ms"), ("overhead_ms", "overhead ms"),
+        ("overhead_pct", "overhead %"), ("llm_calls", "LLM calls/query"),
         ("prompt_tokens", "prompt tokens/query"), ("output_tokens", "output tokens/query"),
         ("peak_rss_mb", "peak RSS MB")])
 

@@ -44,14 +44,16 @@ SIMILARITY = "_similarity"
 
 @dataclass(frozen=True, slots=True)
 class _ExactIndex:
-    """A small table's vectors as one matrix, for exact cosine search."""
+    """A small table's vectors as one matrix, for exact cosine search. Stored transposed, one
+    column per row: `query @ columns` is 10% (1536-d) to 30% (384-d) faster than `rows @ query`
+    on the same data (measured with numpy's OpenBLAS), for one query or a batch."""
 
-    matrix: np.ndarray  # (rows, dim) float32, unit rows, in row-id order
-    row_ids: np.ndarray  # uint64 LanceDB row ids, ascending; row i of `matrix` has row_ids[i]
+    columns: np.ndarray  # (dim, rows) float32, unit vectors as columns, in row-id order
+    row_ids: np.ndarray  # uint64 LanceDB row ids, ascending; column i has row_ids[i]
 
     @property
     def nbytes(self) -> int:
-        return self.matrix.nbytes + self.row_ids.nbytes
+        return self.columns.nbytes + self.row_ids.nbytes
 
 
 def sql_literal(value: Any) -> str:
@@ -243,34 +245,38 @@ class LanceStore:
         exact = await self._exact_index(table)
         if exact is None:  # matrix over the vector cache bound: let LanceDB scan, keep nothing
             return [await self._search_ann(table, query, k, columns) for query in queries]
-        n = exact.matrix.shape[0]
+        n = exact.columns.shape[1]
         if n == 0:
             empty = await self._empty(table, columns, with_similarity=True)
             return [empty for _ in queries]
-        # One row per query: a single query is a matrix-vector product, a batch one matrix product.
-        scores = queries @ exact.matrix.T if len(queries) > 1 else (exact.matrix @ queries[0])[None, :]
+        # One row of scores per query: one matrix product for the whole batch.
+        scores = queries @ exact.columns
         tops = [_top_k_stable(row, min(k, n)) for row in scores]
-        # One row read for the whole batch, then a zero-copy slice per query.
-        frame = await self._rows_by_id(table, exact.row_ids[np.concatenate(tops)], columns)
+        # One row read for the whole batch, converted once, then a zero-copy slice per query.
+        rows = await self._rows_by_id(table, exact.row_ids, np.concatenate(tops), columns)
         similarity = np.concatenate([row[top] for row, top in zip(scores, tops)]).astype(np.float64)
-        frame = frame.with_columns(pl.Series(SIMILARITY, similarity))
+        frame = pl.from_arrow(rows.append_column(SIMILARITY, pa.array(similarity)))
+        assert isinstance(frame, pl.DataFrame)
+        if len(tops) == 1:
+            return [frame]
         offsets = np.cumsum([0, *(len(top) for top in tops)])
         return [frame.slice(int(start), int(end - start)) for start, end in zip(offsets[:-1], offsets[1:])]
 
-    async def _rows_by_id(self, table: str, wanted: np.ndarray, columns: Sequence[str] | None) -> pl.DataFrame:
-        """Rows with the given LanceDB row ids, in that order, without `_rowid`."""
-        frame = await self._cached_take(table, wanted, columns)
-        if frame is not None:
-            return frame
+    async def _rows_by_id(self, table: str, all_ids: np.ndarray, picked: np.ndarray, columns: Sequence[str] | None) -> pa.Table:
+        """Rows with row ids `all_ids[picked]` (`all_ids`: every row id of the table, ascending), in
+        that order, without `_rowid`."""
+        rows = await self._cached_take(table, all_ids, picked, columns)
+        if rows is not None:
+            return rows
+        wanted = all_ids[picked]
         handle = await self._table(table)
         take = handle.take_row_ids([int(r) for r in wanted]).with_row_id()
         if columns is not None:
             take = take.select(list(columns))
-        frame = pl.from_arrow(await take.to_arrow())
-        assert isinstance(frame, pl.DataFrame)
+        rows = await take.to_arrow()
         # take does not promise an order: put rows back in score order via their row ids.
-        position = {int(r): i for i, r in enumerate(frame["_rowid"].to_list())}
-        return frame[[position[int(r)] for r in wanted]].drop("_rowid")
+        position = {int(r): i for i, r in enumerate(rows.column("_rowid").to_pylist())}
+        return rows.take(pa.array([position[int(r)] for r in wanted], type=pa.int64())).drop_columns(["_rowid"])
 
     async def _exact_index(self, table: str) -> _ExactIndex | None:
         """The table's vectors as a matrix (cached), or None when it would not fit the cache bound."""
@@ -320,16 +326,20 @@ class LanceStore:
                 return None
             return rows
 
-    async def _cached_take(self, table: str, row_ids: np.ndarray, columns: Sequence[str] | None) -> pl.DataFrame | None:
-        """Rows by LanceDB row id from the table cache, in the order given, or None to read LanceDB."""
+    async def _cached_take(self, table: str, all_ids: np.ndarray, picked: np.ndarray, columns: Sequence[str] | None) -> pa.Table | None:
+        """Rows `all_ids[picked]` from the table cache, in that order, or None to read LanceDB."""
         if columns is None or schema.VECTOR in columns:
             return None
         rows = await self._cached_rows(table)
         if rows is None or not set(columns) <= set(rows.column_names):
             return None
-        frame = pl.from_arrow(rows.select(list(columns)).take(_positions_of(rows, row_ids)))
-        assert isinstance(frame, pl.DataFrame)
-        return frame
+        # The cached rows are the same table version sorted by row id, so when they hold every row
+        # the positions are the indices into `all_ids` themselves.
+        if rows.num_rows == len(all_ids):
+            positions = pa.array(picked)
+        else:
+            positions = pa.array(np.searchsorted(rows.column("_rowid").to_numpy(), all_ids[picked]))
+        return rows.select(list(columns)).take(positions)
 
     # ------------------------------------------------------------------ exact reads
 
@@ -477,10 +487,6 @@ class LanceStore:
 _POSITIONS_BYTES_PER_ROW = 200  # a key-positions dict entry: key object, list, int, hash slot
 
 
-def _positions_of(rows: pa.Table, row_ids: np.ndarray) -> pa.Array:
-    """Positions in `rows` (a cached table, sorted by `_rowid`) of the given row ids."""
-    return pa.array(np.searchsorted(rows.column("_rowid").to_numpy(), row_ids))
-
 
 def _top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k best scores, best first; equal scores keep table order."""
@@ -505,7 +511,9 @@ def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str) -> _ExactInde
     matrix = flat.reshape(len(column), dim)
     row_ids = arrow.column("_rowid").to_numpy()
     order = np.argsort(row_ids, kind="stable")
-    return _ExactIndex(np.ascontiguousarray(matrix[order]), row_ids[order])
+    if not np.array_equal(order, np.arange(len(order))):  # scans usually come back in row-id order
+        matrix, row_ids = matrix[order], row_ids[order]
+    return _ExactIndex(np.ascontiguousarray(matrix.T), row_ids)
 
 
 async def open_store(

@@ -72,6 +72,25 @@ async def test_search_many_matches_one_search_per_query(dulce_store):
         await dulce_store.search_many("entities", np.ones((2, 384), dtype=np.float32), 3)
 
 
+async def test_exact_search_reads_the_same_rows_without_the_table_cache(dulce_db_uri):
+    """With the table cache off, rows come from LanceDB's take (unordered) and are put back in score
+    order; a batch whose queries share entities gets each row once per query."""
+    queries = np.random.default_rng(4).standard_normal((3, 3072)).astype(np.float32)
+    queries[2] = queries[0]  # the same query twice in one batch: the same rows, twice
+    results = []
+    for config in (StoreConfig(), StoreConfig(table_cache_bytes=0)):
+        store = await open_store(dulce_db_uri, config=config)
+        try:
+            results.append(await store.search_many("entities", queries, 6, columns=["id", "title"]))
+        finally:
+            await store.close()
+    cached, uncached = results
+    for a, b in zip(cached, uncached):
+        assert a["id"].to_list() == b["id"].to_list() and a["title"].to_list() == b["title"].to_list()
+        np.testing.assert_allclose(a["_similarity"].to_numpy(), b["_similarity"].to_numpy())
+    assert uncached[2]["id"].to_list() == uncached[0]["id"].to_list()
+
+
 async def test_search_dimension_mismatch_names_both(dulce_store):
     with pytest.raises(StoreError, match=r"dimension 384.*dimension 3072"):
         await dulce_store.search("entities", np.ones(384, dtype=np.float32), 3)
