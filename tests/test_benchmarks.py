@@ -62,6 +62,9 @@ def test_quick_retrieval_compares_all_methods_against_exact(quick_results):
     assert records["numpy_exact"]["recall_at_10"] == 1.0
     assert records["lancedb_flat"]["recall_at_10"] >= 0.99
     assert records["engine"]["recall_at_10"] >= 0.99  # small table: the engine's exact path
+    paired = records["engine"]["extra"]  # ... timed query by query against numpy on the same vectors
+    assert paired["paired_queries"] > 0 and paired["paired_ratio"] == pytest.approx(
+        paired["paired_engine_p50_ms"] / paired["paired_numpy_p50_ms"], rel=1e-2)
     for r in records.values():
         assert 0.0 <= r["recall_at_10"] <= 1.0
         assert r["qps"] > 0 and r["qps_concurrent"] > 0 and r["concurrency"] == 8
@@ -79,6 +82,7 @@ def test_quick_drift_ingest_and_startup_records_are_consistent(quick_results):
     assert extra["critical_path_ms"] > 0 and extra["llm_calls"] >= 3  # HyDE + primer + reduce at least
     assert extra["critical_path_ms"] <= extra["mean_wall_ms"]  # a lower bound is never above the wall time
     assert extra["overhead_pct"] < 100 and extra["prompt_tokens"] > 0
+    assert extra["overhead_ms"] == pytest.approx(extra["mean_wall_ms"] - extra["critical_path_ms"], abs=0.01)
     ingests = load_records(quick_results, "ingest")  # the explicit ingest plus the engine retrieval's
     assert {r["rows"] for r in ingests} == {QUICK["entities"], QUICK["rows"]}
     for ingest in ingests:
