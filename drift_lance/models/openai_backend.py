@@ -24,10 +24,12 @@ import asyncio
 import base64
 import contextlib
 import email.utils
+import functools
 import json
 import logging
 import os
 import random
+import ssl
 import threading
 import time
 import weakref
@@ -213,14 +215,15 @@ class _Endpoint:
         api_key = self._api_key or (_NO_KEY if self.base_url else None)
         return openai.AsyncOpenAI(api_key=api_key, base_url=self.base_url, organization=s.organization, **common)
 
-    def _http_client(self) -> httpx2.AsyncClient | None:
+    def _http_client(self) -> httpx2.AsyncClient:
         """The HTTP client under the SDK: aiohttp's transport unless settings ask for httpx or a
         proxy is set in the environment (httpx reads HTTP(S)_PROXY / ALL_PROXY, aiohttp's transport
-        would silently ignore them); None for the SDK's own httpx client."""
+        would silently ignore them). Both with the SDK's defaults and one shared TLS context."""
         choice = self.settings.http_client
+        timeout = self.settings.request_timeout
         if choice == "httpx" or (choice == "auto" and _proxy_in_environment()):
-            return None
-        return openai.DefaultAioHttpClient(timeout=self.settings.request_timeout)
+            return openai.DefaultAsyncHttpxClient(timeout=timeout, verify=_tls_context())
+        return openai.DefaultAioHttpClient(timeout=timeout, verify=_tls_context())
 
     async def post_json(self, client: openai.AsyncOpenAI, path: str, body: dict[str, Any]) -> Any:
         """POST `body` to `path` through the SDK (base URL, auth, Azure deployment routing, status
@@ -269,6 +272,14 @@ class _Endpoint:
         reason = _describe(exc, self.settings.request_timeout)[0] if exc else "?"
         wait = state.next_action.sleep if state.next_action else 0.0
         log.warning("%s at %s: %s; retry %d in %.2fs", self.model, self.endpoint, reason, state.attempt_number, wait)
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context (the SDK's default: system or certifi CAs, SSL_CERT_FILE/DIR honoured) for
+    every client: loading the CA bundle costs ~40 ms per client, and a query opens two (chat,
+    embeddings), one per event loop."""
+    return httpx2.create_ssl_context()
 
 
 def _close_at_loop_shutdown(loop: asyncio.AbstractEventLoop, client: openai.AsyncOpenAI) -> AsyncIterator[None]:
