@@ -288,3 +288,20 @@ async def test_bad_settings_name_the_field(store):
         await build(store, ["A"], community_prop=0.8, text_unit_prop=0.5)
     with pytest.raises(ConfigError, match="top_k_typo"):
         await build(store, ["A"], top_k_typo=3)
+
+
+def test_reports_rank_by_selected_members_then_rank_then_first_seen():
+    from drift_lance.local.ranking import rank_reports
+
+    reports = pl.DataFrame({
+        "community": [10, 11, 12, 13, 14],
+        "rank": [2.0, 9.0, 9.0, None, 1.0],
+        "title": ["ten", "eleven", "twelve", "thirteen", "fourteen"],
+    })
+    # entity memberships in selection order: 12 is seen first, 11 second; 10 has two members
+    selected = [[12, 10], [11, 10], [13], [14]]
+    ranked = rank_reports(selected, reports, min_rank=1.5)
+    # 10 (two selected members) first; 12 and 11 tie on members and rank: 12 was seen first;
+    # 13 has no rank and 14 is under min_rank, so both are left out
+    assert [r["title"] for r in ranked] == ["ten", "twelve", "eleven"]
+    assert rank_reports(selected, reports, min_rank=0)[-1]["title"] == "fourteen"

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 __all__ = [
     "RelationshipSteps",
-    "community_order",
     "membership_order",
     "rank_reports",
     "rank_text_units",
@@ -32,29 +32,27 @@ def membership_order(community_ids: Sequence[int]) -> list[int]:
     return list(set(community_ids))
 
 
-def community_order(selected_memberships: Sequence[Sequence[int]]) -> pl.DataFrame:
-    """Communities of the selected entities with their match counts, in first-seen order:
-    columns community, matches, first_seen."""
+def rank_reports(
+    selected_memberships: Sequence[Sequence[int]], reports: pl.DataFrame, *, min_rank: float
+) -> list[dict[str, Any]]:
+    """The reports of the selected entities' communities, as row dicts: ordered by how many selected
+    entities belong to the community, then report rank (both descending; ties keep the order in which
+    the communities were first seen), keeping reports with a rank >= `min_rank`.
+
+    Plain Python on purpose: a few dozen reports per build, where a Polars join, sort and filter
+    cost ~0.5 ms."""
     matches: dict[int, int] = {}
     for memberships in selected_memberships:
         for community in membership_order(memberships):
             matches[community] = matches.get(community, 0) + 1
-    return pl.DataFrame(
-        {
-            "community": list(matches),
-            "matches": list(matches.values()),
-            "first_seen": list(range(len(matches))),
-        },
-        schema={"community": pl.Int64, "matches": pl.Int64, "first_seen": pl.Int64},
-    )
-
-
-def rank_reports(candidates: pl.DataFrame, reports: pl.DataFrame, *, min_rank: float) -> pl.DataFrame:
-    """Reports ordered by number of selected entities in the community, then report rank (both
-    descending; ties keep first-seen order), keeping reports with a rank >= `min_rank`."""
-    ranked = candidates.join(reports, on="community", how="inner")
-    ranked = ranked.sort(["matches", "rank", "first_seen"], descending=[True, True, False], nulls_last=True)
-    return ranked.filter(pl.col("rank").is_not_null() & (pl.col("rank") >= min_rank))
+    first_seen = {community: position for position, community in enumerate(matches)}
+    kept = [
+        report
+        for report in reports.iter_rows(named=True)
+        if report["community"] in matches and report["rank"] is not None and report["rank"] >= min_rank
+    ]
+    kept.sort(key=lambda r: (-matches[r["community"]], -r["rank"], first_seen[r["community"]]))
+    return kept
 
 
 @dataclass(slots=True)
