@@ -125,6 +125,29 @@ async def test_batched_entity_matching_builds_the_same_contexts(dulce_store, gol
                 assert batched.context_text == alone.context_text
 
 
+async def test_prefetched_rows_answer_only_what_they_cover(dulce_store):
+    """A lookup for keys or columns the prefetch did not cover (a build with other settings) must go
+    to the store, not silently return fewer rows."""
+    from drift_lance.local import CandidateRows
+
+    everything = await dulce_store.scan("relationships", columns=["id", "source", "target"])
+    sources = everything["source"].unique(maintain_order=True).to_list()
+    covered, other = sources[:3], sources[3]
+    prefetched = await dulce_store.fetch("relationships", "source", covered, columns=["id", "source", "target"])
+    rows = CandidateRows(dulce_store, {("relationships", "source"): prefetched}, {("relationships", "source"): covered})
+
+    async def ids(values, columns=("id", "source")):
+        frame = await rows.fetch("relationships", "source", values, columns=list(columns))
+        return sorted(frame["id"].to_list())
+
+    async def from_store(values):
+        return sorted((await dulce_store.fetch("relationships", "source", values, columns=["id"]))["id"].to_list())
+
+    assert await ids(covered[:2]) == await from_store(covered[:2])  # picked from the prefetched rows
+    assert await ids([covered[0], other]) == await from_store([covered[0], other])  # a key not covered
+    assert await ids(covered[:1], columns=("id", "description")) == await from_store(covered[:1])  # a column not covered
+
+
 def test_token_count_cache_is_shared_and_bounded():
     from drift_lance.local.render import TokenCountCache
 

@@ -2,6 +2,7 @@
 
 from drift_lance.local.context import (
     SECTIONS,
+    CandidateRows,
     LocalContext,
     LocalContextBuilder,
     build_local_context,
@@ -12,6 +13,7 @@ from drift_lance.local.search import LocalSearch, LocalStream, load_local_prompt
 
 __all__ = [
     "SECTIONS",
+    "CandidateRows",
     "ConversationHistory",
     "LocalContext",
     "LocalContextBuilder",

@@ -137,18 +137,26 @@ class RowSource(Protocol):
 
 
 class CandidateRows:
-    """Rows fetched once for several builds (`LocalContextBuilder.prefetch`): a build's lookup is
-    a filter of the prefetched rows. Lookups the prefetch did not cover go to the store."""
+    """Rows fetched once for several builds (`LocalContextBuilder.prefetch`): a build's lookup picks
+    its rows out of them. A lookup asking for keys or columns the prefetch did not cover (a build
+    with other settings) goes to the store."""
 
-    def __init__(self, store: IndexStore, frames: Mapping[tuple[str, str], pl.DataFrame]):
+    def __init__(
+        self,
+        store: IndexStore,
+        frames: Mapping[tuple[str, str], pl.DataFrame],
+        keys: Mapping[tuple[str, str], Sequence[Any]] | None = None,
+    ):
         self.store = store
         self.frames = dict(frames)
+        self.keys = {lookup: set(values) for lookup, values in (keys or {}).items()}  # what was looked up
         self._positions: dict[tuple[str, str], dict[Any, list[int]]] = {}
         self._narrowed: dict[tuple[str, str, tuple[str, ...]], pl.DataFrame] = {}  # column subsets asked for
 
     async def fetch(self, table: str, key: str, values: Sequence[Any], *, columns: Sequence[str] | None = None) -> pl.DataFrame:
         frame = self.frames.get((table, key))
-        if frame is None or columns is None or not set(columns) <= set(frame.columns):
+        covered = self.keys.get((table, key), set())
+        if frame is None or columns is None or not set(columns) <= set(frame.columns) or not covered.issuperset(values):
             return await self.store.fetch(table, key, values, columns=columns)
         positions = self._positions.get((table, key))
         if positions is None:  # once per lookup kind: later builds pick rows by position
@@ -350,7 +358,11 @@ class LocalContextBuilder:
         union = pl.concat(found, how="vertical_relaxed")
         lookups = self._candidate_lookups(union, cfg, unit_columns=[*_UNIT_RANKING_COLUMNS, "text"])
         frames = await asyncio.gather(*(self._lookup(self.store, *lookup) for lookup in lookups))
-        return CandidateRows(self.store, {(lookup[0], lookup[1]): frame for lookup, frame in zip(lookups, frames)})
+        return CandidateRows(
+            self.store,
+            {(table, key): frame for (table, key, _, _), frame in zip(lookups, frames)},
+            {(table, key): values for table, key, values, _ in lookups},
+        )
 
     def _candidate_lookups(
         self, selected: pl.DataFrame, cfg: LocalSearchConfig, *, unit_columns: list[str] = _UNIT_RANKING_COLUMNS
