@@ -216,3 +216,16 @@ def test_cli_context_query_vector_of_wrong_dimension(dulce_db_uri, tmp_path, cap
     np.save(path, np.ones(8, dtype=np.float32))
     assert main(["context", "q", "--db", dulce_db_uri, "--query-vector", str(path)]) == 2
     assert "dimension 8" in capsys.readouterr().err
+
+
+async def test_context_records_serialize_like_their_frames(dulce_store, golden_local_context):
+    """Records are built as frames only when read; serialized (DRIFT's and local search's
+    context_data) they come straight from the rendered rows and must equal the frames' dicts."""
+    from drift_lance.drift.result import to_jsonable
+
+    case = golden_local_context["cases"][0]
+    context = await LocalContextBuilder(dulce_store).build("", query_vector=case["query_vector"], **_params(case))
+    serialized = to_jsonable(context.records)
+    assert list(serialized) == list(SECTIONS)
+    assert serialized == {name: context.records[name].to_dicts() for name in SECTIONS}
+    assert any(serialized[name] for name in SECTIONS)

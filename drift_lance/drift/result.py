@@ -51,6 +51,9 @@ def to_jsonable(value: Any) -> Any:
         return bool(value)
     if isinstance(value, np.ndarray):
         return [to_jsonable(item) for item in value.tolist()]
+    jsonable = getattr(value, "__jsonable__", None)  # e.g. a context's SectionRecords: rows, no frames
+    if callable(jsonable):
+        return jsonable()
     if isinstance(value, Mapping):
         return {str(key): to_jsonable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple, set)):

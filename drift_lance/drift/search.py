@@ -218,7 +218,7 @@ class DRIFTSearch:
                     context = await self.context_builder.build(action.query, embedder=self.embedder)
                 else:
                     context = await self.context_builder.build(action.query, query_vector=query_vector, **(extra or {}))
-            action.metadata["context_data"] = dict(context.records)
+            action.metadata["context_data"] = context.records  # kept lazy: serialized from its rows
             action.metadata["context_text"] = context.context_text
             cfg = self.config
             system = self.prompts.local.format(

@@ -32,6 +32,7 @@ from drift_lance.local.history import ConversationHistory
 from drift_lance.local.ranking import RelationshipSteps, rank_reports, rank_text_units
 from drift_lance.local.render import (
     RenderedSection,
+    SectionRecords,
     TokenCountCache,
     TokenCounter,
     render_csv_section,
@@ -88,7 +89,7 @@ class LocalContext:
     record columns (all strings; `id` is the id shown in the text)."""
 
     context_text: str
-    records: dict[str, pl.DataFrame]
+    records: Mapping[str, pl.DataFrame]  # a SectionRecords from `build`: frames built on first access
     selected_entity_ids: list[str]
     tokenizer: Tokenizer | None = field(default=None, repr=False)
     llm_calls: int = 0  # context building calls no model
@@ -259,12 +260,12 @@ class LocalContextBuilder:
 
         rows: RowSource = candidates if candidates is not None else self.store
         fetched = await self._fetch_candidates(selected, cfg, rows)
-        records: dict[str, pl.DataFrame] = {}
+        records: dict[str, RenderedSection] = {}
 
         reports = self._reports_section(selected, fetched, cfg, counter, max(int(budget * cfg.community_prop), 0))
         if reports.text.strip():
             parts.append(reports.text)
-        records["reports"] = reports.records()
+        records["reports"] = reports
 
         local_prop = 1 - cfg.community_prop - cfg.text_unit_prop
         local_text, local_records = self._local_block(selected, fetched, cfg, counter, max(int(budget * local_prop), 0))
@@ -275,11 +276,11 @@ class LocalContextBuilder:
         sources = await self._sources_section(selected, fetched, cfg, counter, max(int(budget * cfg.text_unit_prop), 0), rows)
         if sources.text.strip():
             parts.append(sources.text)
-        records["sources"] = sources.records()
+        records["sources"] = sources
 
         return LocalContext(
             context_text="\n\n".join(parts),
-            records={name: records[name] for name in SECTIONS},
+            records=SectionRecords({name: records[name] for name in SECTIONS}),
             selected_entity_ids=selected["id"].to_list(),
             tokenizer=tokenizer,
         )
@@ -441,7 +442,7 @@ class LocalContextBuilder:
 
     def _local_block(
         self, selected: pl.DataFrame, fetched: dict[str, pl.DataFrame], cfg: LocalSearchConfig, counter: TokenCounter, budget: int
-    ) -> tuple[str, dict[str, pl.DataFrame]]:
+    ) -> tuple[str, dict[str, RenderedSection]]:
         """Entities, then relationships and claims grown one selected entity at a time until the
         block would exceed `budget` (the last state that fits is kept)."""
         delimiter = cfg.column_delimiter
@@ -449,9 +450,9 @@ class LocalContextBuilder:
         relationship_header = ["id", "source", "target", "description"] + (["weight"] if cfg.include_relationship_weight else [])
         claim_header = ["id", "entity", *CLAIM_ATTRIBUTES]
         empty = {
-            "entities": RenderedSection("", entity_header).records(),
-            "relationships": RenderedSection("", relationship_header).records(),
-            "claims": RenderedSection("", claim_header).records(),
+            "entities": RenderedSection("", entity_header),
+            "relationships": RenderedSection("", relationship_header),
+            "claims": RenderedSection("", claim_header),
         }
         if len(selected) == 0:
             return "", empty
@@ -508,9 +509,9 @@ class LocalContextBuilder:
             self._links_memory.update(steps.links_state())
 
         records = dict(empty)
-        records["entities"] = entities.records()
+        records["entities"] = entities
         for name, section in kept.items():
-            records[name] = section.records()
+            records[name] = section
         return entities.text + "\n\n" + "\n\n".join(kept_parts), records
 
     def _relationship_section(

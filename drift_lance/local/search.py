@@ -171,7 +171,7 @@ class LocalStream(GeneratorStream):
 def _result(text: str, context: LocalContext, usage: Usage, started: float) -> SearchResult:
     return SearchResult(
         response=text,
-        context_data=to_jsonable({name: frame for name, frame in context.records.items()}),
+        context_data=to_jsonable(context.records),
         context_text=context.context_text,
         completion_time=time.perf_counter() - started,
         llm_calls=usage.calls or 1,
