@@ -18,7 +18,6 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import pyarrow.compute as pc
 
 from drift_lance import schema
 from drift_lance._cache import BoundedCache
+from drift_lance._positions import positions_by_value, positions_of
 from drift_lance.config.ingest import StoreConfig
 from drift_lance.errors import StoreError
 from drift_lance.object_store import is_local_uri, merge_storage_options, resolve_storage_options
@@ -389,7 +389,7 @@ class LanceStore:
         if positions is None:
             picked = rows.filter(pc.is_in(column, value_set=wanted)).select(list(columns))
         else:
-            found = sorted(chain.from_iterable(positions.get(v, ()) for v in wanted.to_pylist()))
+            found = positions_of(positions, wanted.to_pylist())
             picked = rows.select(list(columns)).take(pa.array(found, type=pa.int64()))
         frame = pl.from_arrow(picked)
         assert isinstance(frame, pl.DataFrame)
@@ -406,10 +406,7 @@ class LanceStore:
         cache_key = (table, self.manifest.tables[table].version, "positions", key)
         positions = self.table_cache.get(cache_key)
         if positions is None:
-            positions = {}
-            for position, value in enumerate(column.to_pylist()):
-                if value is not None:
-                    positions.setdefault(value, []).append(position)
+            positions = positions_by_value(column.to_pylist())
             if not self.table_cache.put(cache_key, positions, _POSITIONS_BYTES_PER_ROW * len(column)):
                 return None
         return positions
@@ -485,7 +482,6 @@ class LanceStore:
 
 
 _POSITIONS_BYTES_PER_ROW = 200  # a key-positions dict entry: key object, list, int, hash slot
-
 
 
 def _top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:

@@ -26,6 +26,7 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from drift_lance import schema
+from drift_lance._positions import positions_by_value, positions_of
 from drift_lance.config.local import LocalSearchConfig
 from drift_lance.errors import ConfigError, EmbeddingMismatchError, StoreError
 from drift_lance.local.history import ConversationHistory
@@ -161,10 +162,8 @@ class CandidateRows:
             return await self.store.fetch(table, key, values, columns=columns)
         positions = self._positions.get((table, key))
         if positions is None:  # once per lookup kind: later builds pick rows by position
-            positions = self._positions[(table, key)] = {}
-            for position, value in enumerate(frame[key].to_list()):
-                positions.setdefault(value, []).append(position)
-        picked = sorted(chain.from_iterable(positions.get(value, ()) for value in dict.fromkeys(values)))
+            positions = self._positions[(table, key)] = positions_by_value(frame[key].to_list())
+        picked = positions_of(positions, values)
         narrowed = self._narrowed.get((table, key, tuple(columns)))
         if narrowed is None:
             narrowed = self._narrowed[(table, key, tuple(columns))] = frame.select(list(columns))

@@ -1,0 +1,25 @@
+"""Row positions by key value: picking an in-memory table's rows by key costs the keys asked for,
+not a pass over the column. Used by the store's table cache and by rows prefetched for a batch of
+local-context builds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from itertools import chain
+from typing import Any
+
+__all__ = ["positions_by_value", "positions_of"]
+
+
+def positions_by_value(values: Iterable[Any]) -> dict[Any, list[int]]:
+    """{value: the positions where it occurs}; None is left out (it matches no lookup)."""
+    positions: dict[Any, list[int]] = {}
+    for position, value in enumerate(values):
+        if value is not None:
+            positions.setdefault(value, []).append(position)
+    return positions
+
+
+def positions_of(index: Mapping[Any, list[int]], wanted: Iterable[Any]) -> list[int]:
+    """Positions of the rows whose value is wanted, in row order (a value asked twice counts once)."""
+    return sorted(chain.from_iterable(index.get(value, ()) for value in dict.fromkeys(wanted)))
