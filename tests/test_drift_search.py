@@ -413,7 +413,7 @@ async def test_each_epoch_embeds_its_action_queries_in_one_request(store):
 
 
 class _CountingBuilder:
-    """The real LocalContextBuilder, recording how entities were matched."""
+    """The real LocalContextBuilder, recording how entities were selected."""
 
     def __init__(self, store, *, fail_batch: bool = False):
         from drift_lance.local import LocalContextBuilder
@@ -422,28 +422,28 @@ class _CountingBuilder:
         self.fail_batch = fail_batch
         self.batches: list[int] = []
         self.prefetches: list[int] = []
-        self.builds_with_matches = 0
+        self.builds_with_selections = 0
         self.builds_searching = 0
         self.builds_with_candidates = 0
 
-    async def match_entities(self, vectors):
+    async def select_entities(self, vectors):
         if self.fail_batch:
             raise RuntimeError("entity table unavailable")
         self.batches.append(len(vectors))
-        return await self.inner.match_entities(vectors)
+        return await self.inner.select_entities(vectors)
 
-    async def prefetch(self, matches):
-        self.prefetches.append(len(matches))
-        return await self.inner.prefetch(matches)
+    async def prefetch(self, selections):
+        self.prefetches.append(len(selections))
+        return await self.inner.prefetch(selections)
 
-    async def build(self, query, *, query_vector=None, embedder=None, matched_entities=None, candidates=None):
-        if matched_entities is None:
+    async def build(self, query, *, query_vector=None, embedder=None, selected_entities=None, candidates=None):
+        if selected_entities is None:
             self.builds_searching += 1
         else:
-            self.builds_with_matches += 1
+            self.builds_with_selections += 1
         self.builds_with_candidates += candidates is not None
         return await self.inner.build(query, query_vector=query_vector, embedder=embedder,
-                                      matched_entities=matched_entities, candidates=candidates)
+                                      selected_entities=selected_entities, candidates=candidates)
 
 
 @pytest.mark.parametrize("fail_batch", [False, True])
@@ -468,10 +468,10 @@ async def test_each_epoch_maps_its_follow_ups_with_one_batched_entity_search(dul
     assert all("-----Entities-----" in text for query, text in result.context_text.items() if "/" in query or "-" in query)
     if fail_batch:
         assert builder.batches == builder.prefetches == []
-        assert (builder.builds_searching, builder.builds_with_matches, builder.builds_with_candidates) == (6, 0, 0)
+        assert (builder.builds_searching, builder.builds_with_selections, builder.builds_with_candidates) == (6, 0, 0)
     else:
         assert builder.batches == builder.prefetches == [3, 3]
-        assert (builder.builds_searching, builder.builds_with_matches, builder.builds_with_candidates) == (0, 6, 6)
+        assert (builder.builds_searching, builder.builds_with_selections, builder.builds_with_candidates) == (0, 6, 6)
 
 
 async def test_close_closes_the_models_the_search_owns_and_nothing_else(store):

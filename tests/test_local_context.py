@@ -104,7 +104,7 @@ async def test_independent_builds_select_the_reference_records(dulce_store, gold
 
 
 async def test_batched_entity_matching_builds_the_same_contexts(dulce_store, golden_local_context):
-    """DRIFT maps an epoch's follow-ups with one `match_entities` call and looks their rows up with
+    """DRIFT maps an epoch's follow-ups with one `select_entities` call and looks their rows up with
     one `prefetch`; each context built from those must equal the context built from the query vector
     alone."""
     import numpy as np
@@ -114,12 +114,12 @@ async def test_batched_entity_matching_builds_the_same_contexts(dulce_store, gol
         cases = [case for case in golden_local_context["cases"] if case["profile"] == profile]
         params = _params(cases[0])
         vectors = np.asarray([case["query_vector"] for case in cases], dtype=np.float32)
-        matches = await builder.match_entities(vectors, **params)
-        candidates = await builder.prefetch(matches, **params)
-        assert len(matches) == len(cases)
-        for case, matched in zip(cases, matches):
+        selections = await builder.select_entities(vectors, **params)
+        candidates = await builder.prefetch(selections, **params)
+        assert len(selections) == len(cases)
+        for case, selected in zip(cases, selections):
             alone = await LocalContextBuilder(dulce_store).build("", query_vector=case["query_vector"], **params)
-            for extra in ({"matched_entities": matched}, {"matched_entities": matched, "candidates": candidates}):
+            for extra in ({"selected_entities": selected}, {"selected_entities": selected, "candidates": candidates}):
                 batched = await builder.build("", query_vector=case["query_vector"], **extra, **params)
                 assert _record_ids(batched) == _golden_ids(case), f"{profile}/{case['query_id']}"
                 assert batched.context_text == alone.context_text

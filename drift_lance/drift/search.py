@@ -42,9 +42,9 @@ class LocalContextLike(Protocol):
 
 class ContextBuilder(Protocol):
     """What DRIFT needs from local search: `drift_lance.local.LocalContextBuilder` fits. A builder
-    may also offer `match_entities(vectors) -> list` (one batched entity search per epoch, each
-    result passed back to `build` as `matched_entities`) and `prefetch(matches)` (the epoch's row
-    lookups in one round, passed to every `build` as `candidates`)."""
+    may also offer `select_entities(vectors) -> list` (one batched entity search per epoch, each
+    result passed back to `build` as `selected_entities`) and `prefetch(selections)` (the epoch's
+    row lookups in one round, passed to every `build` as `candidates`)."""
 
     async def build(self, query: str, *, query_vector: Any = None, embedder: Embedder | None = None) -> LocalContextLike: ...
 
@@ -183,23 +183,23 @@ class DRIFTSearch:
     async def _prepare_contexts(self, vectors: list[Any]) -> list[dict[str, Any]]:
         """Extra `build` arguments per action: the epoch's entity searches as one batch (one
         matrix product for exactly searched tables) and its row lookups as one round
-        (`match_entities` / `prefetch`, where the builder offers them and every query has a
+        (`select_entities` / `prefetch`, where the builder offers them and every query has a
         vector). Without them, or if they fail, each build searches and looks up on its own."""
         none: list[dict[str, Any]] = [{} for _ in vectors]
         builder = self.context_builder
-        match_entities = getattr(builder, "match_entities", None)
-        if match_entities is None or not vectors or any(vector is None for vector in vectors):
+        select_entities = getattr(builder, "select_entities", None)
+        if select_entities is None or not vectors or any(vector is None for vector in vectors):
             return none
         try:
-            matches = list(await match_entities(np.stack(vectors)))
+            selections = list(await select_entities(np.stack(vectors)))
         except Exception as exc:  # noqa: BLE001 - each action then searches (and fails) alone
             log.warning("DRIFT: batched entity search failed (%s); searching per action", exc)
             return none
-        prepared: list[dict[str, Any]] = [{"matched_entities": matched} for matched in matches]
+        prepared: list[dict[str, Any]] = [{"selected_entities": selected} for selected in selections]
         prefetch = getattr(builder, "prefetch", None)
         if prefetch is not None:
             try:
-                candidates = await prefetch(matches)
+                candidates = await prefetch(selections)
             except Exception as exc:  # noqa: BLE001 - each build then looks its rows up itself
                 log.warning("DRIFT: batched row lookup failed (%s); looking up per action", exc)
             else:

@@ -200,10 +200,10 @@ class LocalContextBuilder:
     def tokenizer_for(self, config: LocalSearchConfig) -> Tokenizer:
         return self._tokenizer or get_tokenizer(config.encoding)
 
-    async def match_entities(self, vectors: np.ndarray, **overrides: Any) -> list[pl.DataFrame]:
-        """The entity matches `build` would search for each query vector, from one batched store
-        search (DRIFT maps a whole epoch of follow-ups at once); pass each to `build` as
-        `matched_entities` together with its `query_vector`."""
+    async def select_entities(self, vectors: np.ndarray, **overrides: Any) -> list[pl.DataFrame]:
+        """The entities `build` would select for each query vector, from one batched store search
+        (DRIFT maps a whole epoch of follow-ups at once); pass each to `build` as
+        `selected_entities` together with its `query_vector`, and all of them to `prefetch`."""
         cfg = self.resolve_config(overrides)
         matrix = np.asarray(vectors, dtype=np.float32)
         for vector in matrix:
@@ -211,7 +211,7 @@ class LocalContextBuilder:
         found = await self.store.search_many(
             schema.ENTITIES, matrix, cfg.top_k_entities * OVERSAMPLE, columns=_ENTITY_COLUMNS
         )
-        return [frame.drop("_similarity") for frame in found]
+        return [await self._select_entities("", None, cfg, matched=frame.drop("_similarity")) for frame in found]
 
     async def build(
         self,
@@ -220,13 +220,13 @@ class LocalContextBuilder:
         query_vector: np.ndarray | Sequence[float] | None = None,
         embedder: Embedder | None = None,
         conversation_history: Any = None,
-        matched_entities: pl.DataFrame | None = None,
+        selected_entities: pl.DataFrame | None = None,
         candidates: CandidateRows | None = None,
         **overrides: Any,
     ) -> LocalContext:
-        """The context for `query`. `matched_entities` (from `match_entities`, for the same vector
-        and settings, no conversation history) skips the entity search; `candidates` (from
-        `prefetch` over those matches) answers the row lookups without asking the store."""
+        """The context for `query`. `selected_entities` (from `select_entities`, for the same vector
+        and settings, no conversation history) skips the entity search and selection; `candidates`
+        (from `prefetch` over those selections) answers the row lookups without asking the store."""
         cfg = self.resolve_config(overrides)
         tokenizer = self.tokenizer_for(cfg)
         counter = TokenCounter(tokenizer, self._token_counts.setdefault(tokenizer.name, TokenCountCache()))
@@ -237,8 +237,8 @@ class LocalContextBuilder:
             # graphrag maps the query plus the previous user questions to entities.
             recent = history.recent_user_questions(cfg.conversation_history_max_turns)
             mapping_text = f"{query}\n" + "\n".join(recent)
-        if matched_entities is not None and not history:
-            selected = await self._select_entities(mapping_text, None, cfg, matched=matched_entities)
+        if selected_entities is not None and not history:
+            selected = selected_entities
         else:
             vector = await self._query_vector(mapping_text, query_vector, embedder)
             selected = await self._select_entities(mapping_text, vector, cfg)
@@ -346,12 +346,11 @@ class LocalContextBuilder:
 
     # ------------------------------------------------------------------ fetching
 
-    async def prefetch(self, matches: Sequence[pl.DataFrame], **overrides: Any) -> CandidateRows:
-        """Every row the builds over `matches` (from `match_entities`) will look up, in one round of
-        store lookups for all of them (DRIFT's epoch: 4 queries instead of ~100 on a LanceDB-backed
+    async def prefetch(self, selections: Sequence[pl.DataFrame], **overrides: Any) -> CandidateRows:
+        """Every row the builds over `selections` (from `select_entities`) will look up, in one round
+        of store lookups for all of them (DRIFT's epoch: 4 queries instead of ~100 on a LanceDB-backed
         index). Pass the result to each `build` as `candidates`."""
         cfg = self.resolve_config(overrides)
-        selections = [await self._select_entities("", None, cfg, matched=matched) for matched in matches]
         found = [selected for selected in selections if len(selected)]
         if not found:
             return CandidateRows(self.store, {})
