@@ -90,6 +90,7 @@ def paired_numpy_case(db: str, data_dir: str, rounds: int = 3) -> dict[str, Any]
     """The exact path against numpy brute force on the same vectors and queries, alternating query by
     query in one process, so host noise (this VM's matrix-vector time varies by +-20% between runs)
     hits both alike. numpy: `matrix @ q` over the rows as LanceDB stores them, argpartition, sort."""
+    from benchmarks.retrieval import numpy_top_k
     from drift_lance._lance_store import open_store
 
     qv = np.load(Path(data_dir) / "engine_queries.npy")
@@ -101,9 +102,7 @@ def paired_numpy_case(db: str, data_dir: str, rounds: int = 3) -> dict[str, Any]
             matrix = np.stack(everything["vector"].to_numpy()).astype(np.float32)
 
             def numpy_search(q: np.ndarray) -> list[int]:
-                scores = matrix @ (q / np.linalg.norm(q))
-                top = np.argpartition(-scores, K)[:K]
-                return top[np.argsort(-scores[top])].tolist()
+                return numpy_top_k(matrix, q / np.linalg.norm(q), K)
 
             await store.search("entities", qv[0], K, columns=["human_readable_id"])  # loads the matrix
             ours, theirs = [], []
