@@ -93,8 +93,8 @@ def _serve(dim: int, delay_s: float) -> None:
         server.on_chat = stage_answerer(delay_s)
         print(server.base_url, flush=True)
         sys.stdin.read()  # until the parent closes our stdin
-        print(json.dumps({"max_concurrent": server.max_concurrent, "chat_requests": len(server.chat_requests)}),
-              flush=True)
+        print(json.dumps({"max_concurrent": server.max_concurrent, "chat_requests": len(server.chat_requests),
+                          "cpu_s": time.process_time()}), flush=True)
 
 
 def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, Any]:
@@ -118,19 +118,20 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
                                  request_timeout=30.0, max_retries=0)
         config = DRIFTSearchConfig(seed=0)
         search = await open_drift_search(db, config=config, model_settings=settings)
-        walls, bounds, calls, prompt_tokens, output_tokens, categories = [], [], [], [], [], {}
+        walls, cpus, bounds, calls, prompt_tokens, output_tokens, categories = [], [], [], [], [], [], {}
         try:
             for i in range(queries + 1):  # query 0 warms the store, index and HTTP pool: not counted
                 epochs = EpochSizes()
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 result = await search.search(f"What are the main themes of community {i}?", callbacks=[epochs])
-                wall = time.perf_counter() - started
+                wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
                 if i == 0:
                     continue
                 cats = result.llm_calls_categories
                 rounds = (cats.get("build_context", 0) + math.ceil(cats.get("primer", 0) / config.concurrency)
                           + sum(math.ceil(n / config.concurrency) for n in epochs.sizes) + cats.get("reduce", 0))
                 walls.append(wall)
+                cpus.append(cpu)
                 bounds.append(rounds * delay)
                 calls.append(result.llm_calls)
                 prompt_tokens.append(result.prompt_tokens)
@@ -144,6 +145,7 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
             **latency_summary(walls), "queries": len(walls), "mean_wall_ms": mean_wall * 1000,
             "critical_path_ms": mean_bound * 1000, "overhead_ms": (mean_wall - mean_bound) * 1000,
             "overhead_pct": 100.0 * (mean_wall - mean_bound) / mean_wall,
+            "engine_cpu_ms": 1000 * sum(cpus) / len(cpus),
             "llm_calls": sum(calls) / len(calls), "prompt_tokens": sum(prompt_tokens) / len(prompt_tokens),
             "output_tokens": sum(output_tokens) / len(output_tokens),
             "config": {"n_depth": config.n_depth, "drift_k_followups": config.drift_k_followups,
@@ -153,7 +155,8 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
 
     with LLMServerProcess(dim, delay) as server:
         result = asyncio.run(run(server))
-    return {**result, "max_concurrent_llm": server.stats.get("max_concurrent")}
+    return {**result, "max_concurrent_llm": server.stats.get("max_concurrent"),
+            "llm_server_cpu_s": server.stats.get("cpu_s")}
 
 
 def run_drift(latency_ms: float, queries: int, rows: int, dim: int, out: Path, work: Path) -> list[Record]:
@@ -166,7 +169,7 @@ def run_drift(latency_ms: float, queries: int, rows: int, dim: int, out: Path, w
         p50_ms=case["p50_ms"], p95_ms=case["p95_ms"], p99_ms=case["p99_ms"], peak_rss_mb=case["peak_rss_mb"],
         queries=case["queries"], params={"latency_ms": latency_ms, **case["config"]},
         extra={k: case[k] for k in ("mean_wall_ms", "critical_path_ms", "overhead_ms", "overhead_pct", "llm_calls", "prompt_tokens",
-                                    "output_tokens", "max_concurrent_llm", "epoch_sizes", "rounds",
+                                    "output_tokens", "max_concurrent_llm", "engine_cpu_ms", "llm_server_cpu_s", "epoch_sizes", "rounds",
                                     "llm_calls_by_stage")}
         | {"latency_ms": latency_ms},
     )

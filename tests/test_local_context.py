@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import polars as pl
 import pytest
 
 from drift_lance.local import SECTIONS, LocalContextBuilder
@@ -146,6 +147,31 @@ async def test_prefetched_rows_answer_only_what_they_cover(dulce_store):
     assert await ids(covered[:2]) == await from_store(covered[:2])  # picked from the prefetched rows
     assert await ids([covered[0], other]) == await from_store([covered[0], other])  # a key not covered
     assert await ids(covered[:1], columns=("id", "description")) == await from_store(covered[:1])  # a column not covered
+
+
+async def test_prefetched_relationships_touching_titles(dulce_store):
+    """The relationships a build ranks (source or target among its titles, each once, by
+    human_readable_id) come out of the prefetch's merged rows exactly as the store gives them, and
+    titles the prefetch did not cover leave the lookup to the store."""
+    from drift_lance.local import CandidateRows
+
+    columns = ["id", "human_readable_id", "source", "target"]
+    everything = await dulce_store.scan("relationships", columns=columns)
+    titles = sorted(set(everything["source"].to_list()) | set(everything["target"].to_list()))
+    covered, other = titles[:6], titles[6]
+    frames = {("relationships", key): await dulce_store.fetch("relationships", key, covered, columns=columns)
+              for key in ("source", "target")}
+    rows = CandidateRows(dulce_store, frames, {lookup: covered for lookup in frames})
+
+    def expected(wanted):
+        touching = everything.filter(pl.col("source").is_in(wanted) | pl.col("target").is_in(wanted))
+        return touching.sort("human_readable_id")["id"].to_list()
+
+    for wanted in (covered, covered[2:4], covered[:1]):
+        picked = rows.relationships_touching(wanted, columns)
+        assert picked is not None and picked["id"].to_list() == expected(wanted)
+    assert rows.relationships_touching([covered[0], other], columns) is None
+    assert rows.relationships_touching(covered, [*columns, "description"]) is None
 
 
 def test_token_count_cache_is_shared_and_bounded():

@@ -33,11 +33,12 @@ def membership_order(community_ids: Sequence[int]) -> list[int]:
 
 
 def rank_reports(
-    selected_memberships: Sequence[Sequence[int]], reports: pl.DataFrame, *, min_rank: float
+    selected_memberships: Sequence[Sequence[int]], reports: pl.DataFrame, *, min_rank: float, max_level: int | None = None
 ) -> list[dict[str, Any]]:
     """The reports of the selected entities' communities, as row dicts: ordered by how many selected
     entities belong to the community, then report rank (both descending; ties keep the order in which
-    the communities were first seen), keeping reports with a rank >= `min_rank`.
+    the communities were first seen), keeping reports with a rank >= `min_rank` and (given
+    `max_level`) a level <= `max_level`.
 
     Plain Python on purpose: a few dozen reports per build, where a Polars join, sort and filter
     cost ~0.5 ms."""
@@ -49,7 +50,10 @@ def rank_reports(
     kept = [
         report
         for report in reports.iter_rows(named=True)
-        if report["community"] in matches and report["rank"] is not None and report["rank"] >= min_rank
+        if report["community"] in matches
+        and report["rank"] is not None
+        and report["rank"] >= min_rank
+        and (max_level is None or (report["level"] is not None and report["level"] <= max_level))
     ]
     kept.sort(key=lambda r: (-matches[r["community"]], -r["rank"], first_seen[r["community"]]))
     return kept
@@ -163,7 +167,8 @@ def rank_text_units(
         for unit_id, rel_ids in zip(units["id"].to_list(), units["relationship_ids"].to_list())
     }
     touching: dict[str, list[tuple[str, list[str]]]] = {}
-    for rel_id, source, target, cited in relationships.select("id", "source", "target", "text_unit_ids").iter_rows():
+    columns = (relationships[name].to_list() for name in ("id", "source", "target", "text_unit_ids"))
+    for rel_id, source, target, cited in zip(*columns):
         for title in {source, target}:
             touching.setdefault(title, []).append((rel_id, cited or []))
     ranked: list[tuple[int, int, int, str]] = []
