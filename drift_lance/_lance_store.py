@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from drift_lance import schema
+from drift_lance._blas import similarity_scores
 from drift_lance._cache import BoundedCache
 from drift_lance._positions import positions_by_value, positions_of
 from drift_lance.config.ingest import StoreConfig
@@ -250,7 +251,7 @@ class LanceStore:
             empty = await self._empty(table, columns, with_similarity=True)
             return [empty for _ in queries]
         # One row of scores per query: one matrix product for the whole batch.
-        scores = queries @ exact.columns
+        scores = similarity_scores(queries, exact.columns)
         tops = [_top_k_stable(row, min(k, n)) for row in scores]
         # One row read for the whole batch, converted once, then a zero-copy slice per query.
         rows = await self._rows_by_id(table, exact.row_ids, np.concatenate(tops), columns)

@@ -72,6 +72,22 @@ async def test_search_many_matches_one_search_per_query(dulce_store):
         await dulce_store.search_many("entities", np.ones((2, 384), dtype=np.float32), 3)
 
 
+async def test_batched_search_leaves_the_blas_thread_setting_as_it_was(dulce_store):
+    """A batch of queries is scored on one BLAS thread; the process's BLAS thread count (which
+    user code shares) is the same afterwards, and so are the scores."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    queries = np.random.default_rng(5).standard_normal((4, 3072)).astype(np.float32)
+    before = blas_threads()
+    batched = await dulce_store.search_many("entities", queries, 5, columns=["id"])
+    assert blas_threads() == before
+    singles = [await dulce_store.search("entities", query, 5, columns=["id"]) for query in queries]
+    assert [f["id"].to_list() for f in batched] == [f["id"].to_list() for f in singles]
+
+
 async def test_exact_search_reads_the_same_rows_without_the_table_cache(dulce_db_uri):
     """With the table cache off, rows come from LanceDB's take (unordered) and are put back in score
     order; a batch whose queries share entities gets each row once per query."""
