@@ -429,9 +429,12 @@ class LocalContextBuilder:
             _, _, titles, columns = by_source_lookup
             relationships = rows.relationships_touching(titles, columns)
         relationship_lookups = [by_source_lookup, by_target_lookup] if relationships is None else []
-        reports, claims, units, *by_end = await asyncio.gather(
-            *(self._lookup(rows, *lookup) for lookup in (reports_lookup, claims_lookup, units_lookup, *relationship_lookups))
-        )
+        lookups = (self._lookup(rows, *lookup) for lookup in (reports_lookup, claims_lookup, units_lookup, *relationship_lookups))
+        if isinstance(rows, CandidateRows):
+            # Picks from memory: awaited in turn, no task per lookup (~0.4 ms per build with tasks).
+            reports, claims, units, *by_end = [await lookup for lookup in lookups]
+        else:
+            reports, claims, units, *by_end = await asyncio.gather(*lookups)
         if relationships is None:
             found = [frame for frame in by_end if len(frame)]
             relationships = (
