@@ -40,7 +40,6 @@ from typing import Any
 
 __all__ = ["FakeOpenAIServer", "RecordedRequest", "Reply"]
 
-_POLL = 0.01  # seconds between disconnect checks while delaying or hanging
 _WORDS = re.compile(r"\s*\S+\s*|\s+")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 411: "Length Required",
             422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error",
@@ -142,6 +141,25 @@ class _Disconnected(Exception):
     pass
 
 
+class _ClientReader(asyncio.StreamReader):
+    """A StreamReader that also says when its client has gone (end of stream or connection lost),
+    so a delayed or hanging reply sleeps in one piece yet notices a disconnect at once. (Polling
+    every 10 ms cost the benchmarks' LLM server ~450 ms of CPU per DRIFT query at 1 s latency, on
+    the cores the engine being measured runs on.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gone = asyncio.Event()
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        self.gone.set()
+
+    def set_exception(self, exc: BaseException) -> None:
+        super().set_exception(exc)
+        self.gone.set()
+
+
 class FakeOpenAIServer:
     def __init__(self, *, embedding_dim: int = 8, default_text: str = "ok", host: str = "127.0.0.1"):
         self.host = host
@@ -233,7 +251,8 @@ class FakeOpenAIServer:
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:
-            self._server = loop.run_until_complete(asyncio.start_server(self._on_connection, self.host, 0))
+            protocol = lambda: asyncio.StreamReaderProtocol(_ClientReader(), self._on_connection)  # noqa: E731
+            self._server = loop.run_until_complete(loop.create_server(protocol, self.host, 0))
             self.port = self._server.sockets[0].getsockname()[1]
         except BaseException as exc:  # noqa: BLE001 - reported to start()
             self._error = exc
@@ -343,14 +362,15 @@ class FakeOpenAIServer:
             return "unrecognized request argument: stream_options"
         return None
 
-    async def _wait(self, reader: asyncio.StreamReader, writer, seconds: float | None) -> None:
+    async def _wait(self, reader: _ClientReader, writer, seconds: float | None) -> None:
         """Sleep (forever when seconds is None) unless the client disconnects first."""
-        deadline = None if seconds is None else time.monotonic() + seconds
-        while deadline is None or time.monotonic() < deadline:
-            if reader.at_eof() or writer.is_closing() or reader.exception() is not None:
-                raise _Disconnected()
-            step = _POLL if deadline is None else min(_POLL, max(deadline - time.monotonic(), 0))
-            await asyncio.sleep(step)
+        if reader.gone.is_set() or writer.is_closing():
+            raise _Disconnected()
+        try:
+            await asyncio.wait_for(reader.gone.wait(), seconds)
+        except TimeoutError:
+            return
+        raise _Disconnected()
 
     # ------------------------------------------------------------------ bodies
 
