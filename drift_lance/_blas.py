@@ -11,7 +11,7 @@ same ~11 ms either way. A single query keeps the helper: its memory-bound matrix
 from __future__ import annotations
 
 import functools
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -28,8 +28,7 @@ def similarity_scores(queries: np.ndarray, columns: np.ndarray) -> np.ndarray:
 
 
 def _one_blas_thread() -> AbstractContextManager[Any]:
-    controller = _controller()
-    return controller.limit(limits=1, user_api="blas") if controller is not None else nullcontext()
+    return _controller().limit(limits=1, user_api="blas")
 
 
 @functools.cache
