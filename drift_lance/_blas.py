@@ -11,7 +11,7 @@ same ~11 ms either way. A single query keeps the helper: its memory-bound matrix
 from __future__ import annotations
 
 import functools
-from contextlib import AbstractContextManager
+import threading
 from typing import Any
 
 import numpy as np
@@ -23,12 +23,13 @@ def similarity_scores(queries: np.ndarray, columns: np.ndarray) -> np.ndarray:
     """`queries @ columns`: one row of scores per query (rows of `queries`)."""
     if len(queries) == 1:
         return queries @ columns
-    with _one_blas_thread():
+    # The thread count is process-wide: a lock keeps callers on other threads from restoring it
+    # under each other (they would compete for the same cores anyway).
+    with _LIMIT_LOCK, _controller().limit(limits=1, user_api="blas"):
         return queries @ columns
 
 
-def _one_blas_thread() -> AbstractContextManager[Any]:
-    return _controller().limit(limits=1, user_api="blas")
+_LIMIT_LOCK = threading.Lock()
 
 
 @functools.cache
