@@ -34,9 +34,10 @@ class BoundedChat:
         response_model: type[BaseModel] | None = None,
     ) -> ChatResult:
         async with self._slots:
-            call = self.model.complete(messages, params=params, response_model=response_model)
             try:
-                return await asyncio.wait_for(call, self.timeout)
+                # asyncio.timeout, not wait_for: no extra task per call (62 calls per DRIFT query)
+                async with asyncio.timeout(self.timeout):
+                    return await self.model.complete(messages, params=params, response_model=response_model)
             except TimeoutError:
                 raise LLMTimeoutError(f"LLM call timed out after {self.timeout:g} s (llm_timeout)") from None
 
