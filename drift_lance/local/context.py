@@ -405,10 +405,9 @@ class LocalContextBuilder:
         titles = list(dict.fromkeys(selected["title"].to_list()))
         communities = sorted({c for members in selected["membership"].to_list() for c in members})
         unit_ids = list(dict.fromkeys(chain.from_iterable(u or () for u in selected["text_unit_ids"].to_list())))
-        content = "summary" if cfg.use_community_summary else "full_content"
         claims_active = cfg.include_claims and self.store.has_table(schema.COVARIATES)
         return [
-            (schema.COMMUNITY_REPORTS, "community", communities, ["community", "level", "rank", "title", content]),
+            (schema.COMMUNITY_REPORTS, "community", communities, ["community", "level", "rank", "title", _report_content(cfg)]),
             (schema.RELATIONSHIPS, "source", titles, _RELATIONSHIP_COLUMNS),
             (schema.RELATIONSHIPS, "target", titles, _RELATIONSHIP_COLUMNS),
             (schema.COVARIATES, "subject_id", titles if claims_active else [], _CLAIM_COLUMNS),
@@ -468,7 +467,7 @@ class LocalContextBuilder:
             if len(reports)
             else []
         )
-        content = "summary" if cfg.use_community_summary else "full_content"
+        content = _report_content(cfg)
 
         def rows() -> Iterator[list[str]]:
             for report in ranked:
@@ -689,6 +688,11 @@ def _with_membership(frame: pl.DataFrame, level: int) -> pl.DataFrame:
     membership = pl.from_arrow(pa.array(memberships, type=pa.list_(pa.int64())))
     assert isinstance(membership, pl.Series)
     return frame.hstack([membership.alias("membership")])
+
+
+def _report_content(cfg: LocalSearchConfig) -> str:
+    """The report column the reports section prints (and so the one its lookup fetches)."""
+    return "summary" if cfg.use_community_summary else "full_content"
 
 
 def _without_similarity(frame: pl.DataFrame) -> pl.DataFrame:
