@@ -24,6 +24,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _methods(text: str) -> list[str]:
+    from benchmarks.retrieval import METHODS
+
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"choose from {', '.join(METHODS)}")
+    return methods
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, default=None,
@@ -39,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=_positive, required=True)
     p.add_argument("--dim", type=_positive, required=True)
     p.add_argument("--queries", type=_positive, default=200)
-    p.add_argument("--methods", default="lancedb_ann,lancedb_flat,numpy_exact,engine",
-                   help="comma-separated subset of lancedb_ann,lancedb_flat,numpy_exact,engine")
+    p.add_argument("--methods", type=_methods, default=None,
+                   help="comma-separated subset of lancedb_ann,lancedb_flat,numpy_exact,engine (default: all)")
     _graphrag_option(p)
 
     p = add("sweep", "ANN index-type sweep (recall-latency curves) and the index recommendation")
@@ -118,7 +129,7 @@ def _dispatch(args: argparse.Namespace, out: Path, work: Path) -> None:
 
     if args.command == "retrieval":
         retrieval.run_retrieval(args.rows, args.dim, args.queries, out, work,
-                                methods=[m.strip() for m in args.methods.split(",") if m.strip()],
+                                methods=args.methods or retrieval.METHODS,
                                 graphrag=args.graphrag_python)
     elif args.command == "sweep":
         from benchmarks.recommend import write_recommendation

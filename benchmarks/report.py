@@ -85,7 +85,26 @@ def _retrieval_section(out: Path) -> str:
                      _fmt(r["peak_rss_mb"], 0), _fmt(r.get("index_build_s"), 1), (r.get("measured_at") or "")[:10]])
     header = ["rows", "dim", "method", "index", "params", "recall@10", "p50 ms", "p95 ms", "p99 ms",
               "QPS (1)", "QPS (8)", "p50 vs numpy", "peak RSS MB", "index build s", "measured"]
-    return "## Retrieval (top-10, cosine)\n\n" + _table(header, rows) + "\n\n![p50 vs rows](retrieval_scaling.png)\n"
+    return ("## Retrieval (top-10, cosine)\n\n" + _retrieval_side_by_side(records, list(order))
+            + "\n\nEvery record:\n\n" + _table(header, rows) + "\n\n![p50 vs rows](retrieval_scaling.png)\n")
+
+
+def _retrieval_side_by_side(records: list[dict[str, Any]], methods: list[str]) -> str:
+    """One row per size, one column per method: p50 ms, with recall@10 where it is below 1."""
+    cells = {(r["rows"], r["dim"], r["method"]): r for r in records}
+    sizes = sorted({(r["rows"], r["dim"]) for r in records}, key=lambda s: (s[1], s[0]))
+    rows = []
+    for n, dim in sizes:
+        row = [f"{n:,} x {dim}"]
+        for method in methods:
+            r = cells.get((n, dim, method))
+            if r is None:
+                row.append("-")
+                continue
+            recall = r.get("recall_at_10")
+            row.append(_fmt(r["p50_ms"]) + (f" (recall {recall:.3f})" if recall is not None and recall < 1 else ""))
+        rows.append(row)
+    return "p50 ms per top-10 query, side by side:\n\n" + _table(["rows x dim", *methods], rows)
 
 
 def _sweep_section(out: Path) -> str:

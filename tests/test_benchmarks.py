@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,8 @@ def test_quick_retrieval_compares_all_methods_against_exact(quick_results):
         assert r["qps"] > 0 and r["qps_concurrent"] > 0 and r["concurrency"] == 8
     ann = records["lancedb_ann"]
     assert ann["index_type"] in {"IVF_PQ", "IVF_HNSW_SQ", "IVF_FLAT", "IVF_RQ"} and ann["index_build_s"] > 0
+    assert ann["extra"]["paired_queries"] == QUICK["queries"] and ann["extra"]["paired_speedup"] == pytest.approx(
+        ann["extra"]["paired_numpy_p50_ms"] / ann["extra"]["paired_ann_p50_ms"], rel=1e-2)
     sweep_types = {r["index_type"] for r in load_records(quick_results, "sweep")}
     assert sweep_types == {"IVF_PQ", "IVF_HNSW_SQ", "IVF_FLAT", "IVF_RQ"}
 
@@ -102,6 +105,11 @@ def test_quick_run_renders_markdown_and_png_plots(quick_results):
                     "## Engine start-up", "## DRIFT first answer"):
         assert heading in text
     assert "numpy_exact" in text and "Machine: " in text
+    # The side-by-side table: one row for the quick size, a p50 for every method that ran.
+    side_by_side = re.search(r"\| rows x dim \| engine \|.*?\n\|---.*?\n(\| 2,000 x 64 \|.*)\n", text)
+    assert side_by_side
+    engine, ann, flat, numpy_exact = (cell.strip() for cell in side_by_side.group(1).split("|")[2:6])
+    assert "-" not in (engine, ann, flat, numpy_exact) and float(numpy_exact) > 0
     plots = sorted(quick_results.glob("*.png"))
     assert {p.name for p in plots} >= {"retrieval_scaling.png", "recall_latency_2000x64.png"}
     for plot in plots:
@@ -111,6 +119,12 @@ def test_quick_run_renders_markdown_and_png_plots(quick_results):
 def test_bad_arguments_exit_2_naming_the_option():
     proc = _run_benchmarks("retrieval", "--rows", "0", "--dim", "8", timeout=120)
     assert proc.returncode == 2 and "--rows" in proc.stderr
+
+
+def test_unknown_retrieval_method_exits_2_naming_it():
+    # A typo used to run none of the methods and exit 0.
+    proc = _run_benchmarks("retrieval", "--rows", "100", "--dim", "8", "--methods", "engine,numpy", timeout=120)
+    assert proc.returncode == 2 and "numpy" in proc.stderr and "numpy_exact" in proc.stderr
 
 
 def test_write_records_replaces_same_case_and_keeps_others(tmp_path):
