@@ -90,7 +90,7 @@ def paired_numpy_case(db: str, data_dir: str, rounds: int = 3) -> dict[str, Any]
     """The exact path against numpy brute force on the same vectors and queries, alternating query by
     query in one process, so host noise (this VM's matrix-vector time varies by +-20% between runs)
     hits both alike. numpy: `matrix @ q` over the rows as LanceDB stores them, argpartition, sort."""
-    from benchmarks.retrieval import numpy_top_k
+    from benchmarks.retrieval import alternating_p50_ms, numpy_top_k
     from drift_lance._lance_store import open_store
 
     qv = np.load(Path(data_dir) / "engine_queries.npy")
@@ -104,22 +104,15 @@ def paired_numpy_case(db: str, data_dir: str, rounds: int = 3) -> dict[str, Any]
             def numpy_search(q: np.ndarray) -> list[int]:
                 return numpy_top_k(matrix, q / np.linalg.norm(q), K)
 
-            await store.search("entities", qv[0], K, columns=["human_readable_id"])  # loads the matrix
-            ours, theirs = [], []
-            for _ in range(rounds):
-                for q in qv:
-                    t0 = time.perf_counter()
-                    numpy_search(q)
-                    t1 = time.perf_counter()
-                    (await store.search("entities", q, K, columns=["human_readable_id"]))["human_readable_id"].to_list()
-                    t2 = time.perf_counter()
-                    theirs.append(t1 - t0)
-                    ours.append(t2 - t1)
+            async def engine_search(q: np.ndarray) -> list[int]:
+                return (await store.search("entities", q, K, columns=["human_readable_id"]))["human_readable_id"].to_list()
+
+            await engine_search(qv[0])  # loads the matrix
+            numpy_p50, engine_p50, timed = await alternating_p50_ms(numpy_search, engine_search, qv, rounds)
         finally:
             await store.close()
-        engine_p50, numpy_p50 = float(np.median(ours)) * 1000, float(np.median(theirs)) * 1000
         return {"paired_engine_p50_ms": engine_p50, "paired_numpy_p50_ms": numpy_p50,
-                "paired_ratio": engine_p50 / numpy_p50, "paired_queries": len(ours)}
+                "paired_ratio": engine_p50 / numpy_p50, "paired_queries": timed}
 
     return asyncio.run(run())
 
