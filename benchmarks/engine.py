@@ -155,11 +155,19 @@ def engine_search_case(db: str, data_dir: str, concurrency: int = 8) -> dict[str
             await asyncio.gather(*(gated(q) for q in qv))
             conc_s = time.perf_counter() - conc_start
             info = store.manifest.tables["entities"]
+            tuning = store.config.search
+            calibration = info.calibration
+            probing = {  # what the store's queries ran with
+                "nprobes": tuning.probes(info.vector_index_params.get("num_partitions"), calibration and calibration.nprobes),
+                "refine_factor": tuning.refine(info.vector_index),
+                "ef": tuning.ef,
+                "calibration": calibration and calibration.model_dump(),
+            }
             return {
                 **latency_summary(latencies), "qps": len(qv) / serial_s, "qps_concurrent": len(qv) / conc_s,
                 "recall_at_10": recall_at_k(found, truth, K), "queries": len(qv), "open_s": open_s,
                 "first_query_ms": first_ms, "index_type": info.vector_index,
-                "search_tuning": store.config.search.model_dump(),
+                "probing": probing if info.vector_index else None,
                 "options": store.manifest.options,
             }
         finally:
@@ -242,7 +250,8 @@ def _ingest_record(rows: int, dim: int, result: dict[str, Any], generated: dict[
     return Record(
         benchmark="ingest", rows=rows, dim=dim, method="drift_lance_ingest", peak_rss_mb=result["peak_rss_mb"],
         index_type=result["vector_indexes"].get("entities"), index_build_s=index_s,
-        params={"vector_index": result["options"].get("vector_index"), "ann_min_rows": result["options"].get("ann_min_rows")},
+        params={"vector_index": result["options"].get("vector_index"), "ann_min_rows": result["options"].get("ann_min_rows"),
+                "target_recall": result["options"].get("target_recall")},
         extra={"total_rows": total_rows, "rows_by_table": result["rows"], "ingest_s": seconds.get("total"),
                "rows_per_s": result["rows_per_second"], "entities_per_s": rows / seconds["total"],
                "seconds": seconds, "vector_indexes": result["vector_indexes"],
@@ -270,8 +279,9 @@ def run_engine_retrieval(rows: int, dim: int, out: Path, work: Path) -> list[Rec
         peak_rss_mb=case["peak_rss_mb"], queries=case["queries"], index_type=case["index_type"] or "exact",
         index_build_s=meta["ingest"]["seconds"].get("index.entities"),
         params={**{k: v for k, v in (case["options"].get("vector_index") or {}).items()
-                   if v is not None and k not in ("type", "distance_type")},
-                **{k: v for k, v in case["search_tuning"].items() if v is not None}}
+                   if v is not None and k not in ("type", "distance_type")
+                   and (case["index_type"] == "IVF_HNSW_SQ" or k not in ("m", "ef_construction"))},
+                **{k: v for k, v in case["probing"].items() if v is not None}}
         if case["index_type"] else {"path": "exact in-memory"},
         extra={"open_s": case["open_s"], "first_query_ms": case["first_query_ms"],
                "data": "ingest.synthetic entities; queries = noisy copies of random entities",

@@ -31,12 +31,12 @@ from drift_lance import schema
 from drift_lance._blas import similarity_scores
 from drift_lance._cache import BoundedCache
 from drift_lance._positions import positions_by_value, positions_of
-from drift_lance.config.ingest import StoreConfig
+from drift_lance.config.ingest import SearchTuning, StoreConfig
 from drift_lance.errors import StoreError
 from drift_lance.object_store import is_local_uri, merge_storage_options, resolve_storage_options
-from drift_lance.store import Manifest
+from drift_lance.store import Manifest, TableInfo
 
-__all__ = ["LanceStore", "list_table_names", "open_store", "read_manifests", "sql_literal"]
+__all__ = ["LanceStore", "ann_query", "list_table_names", "open_store", "read_manifests", "sql_literal"]
 
 log = logging.getLogger(__name__)
 
@@ -222,17 +222,7 @@ class LanceStore:
 
     async def _search_ann(self, table: str, query: np.ndarray, k: int, columns: Sequence[str] | None) -> pl.DataFrame:
         handle = await self._table(table)
-        tuning = self.config.search
-        info = self.manifest.tables[table]
-        q = handle.vector_search(query).column(schema.VECTOR).distance_type("cosine")
-        if info.vector_index:  # else LanceDB's flat scan (a table over the vector cache bound)
-            q = q.nprobes(tuning.probes(info.vector_index_params.get("num_partitions")))
-            refine = tuning.refine(info.vector_index)
-            if refine:
-                q = q.refine_factor(refine)
-            if tuning.ef:
-                q = q.ef(tuning.ef)
-        q = q.limit(k).with_row_id()
+        q = ann_query(handle, query, k, self.config.search, self.manifest.tables[table]).with_row_id()
         if columns is not None:
             q = q.select([*columns, "_distance"])  # named, or lance warns it will stop adding it
         result = pl.from_arrow(await q.to_arrow())
@@ -480,6 +470,22 @@ class LanceStore:
         if with_similarity:
             frame = frame.with_columns(pl.Series(SIMILARITY, [], dtype=pl.Float64))
         return frame
+
+
+def ann_query(handle: Any, query: np.ndarray, k: int, tuning: SearchTuning, info: TableInfo, *, nprobes: int | None = None) -> Any:
+    """LanceDB's top-k vector query on a table described by `info`, with the index parameters the
+    store uses (`nprobes` overrides the probe count: ingest's calibration tries several). Without an
+    ANN index (a table over the vector cache bound) it is LanceDB's flat scan."""
+    q = handle.vector_search(query).column(schema.VECTOR).distance_type("cosine")
+    if info.vector_index:
+        calibrated = info.calibration.nprobes if info.calibration else None
+        q = q.nprobes(nprobes or tuning.probes(info.vector_index_params.get("num_partitions"), calibrated))
+        refine = tuning.refine(info.vector_index)
+        if refine:
+            q = q.refine_factor(refine)
+        if tuning.ef:
+            q = q.ef(tuning.ef)
+    return q.limit(k)
 
 
 _POSITIONS_BYTES_PER_ROW = 200  # a key-positions dict entry: key object, list, int, hash slot

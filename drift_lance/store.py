@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from drift_lance.errors import StoreError
 
-__all__ = ["IndexStore", "Manifest", "StoreError", "TableInfo", "VectorColumnInfo"]
+__all__ = ["AnnCalibration", "IndexStore", "Manifest", "StoreError", "TableInfo", "VectorColumnInfo"]
 
 
 class VectorColumnInfo(BaseModel):
@@ -28,6 +28,19 @@ class VectorColumnInfo(BaseModel):
     source: str = ""  # where the vectors came from: "graphrag-lancedb", "parquet", "computed", ...
 
 
+class AnnCalibration(BaseModel):
+    """ANN query parameters measured by ingest on the built index: the fewest probed partitions whose
+    recall@10 against exact search reached `target_recall` on sample queries (see
+    `ingest.calibrate`)."""
+
+    nprobes: int
+    refine_factor: int | None
+    recall_at_10: float  # measured at `nprobes`
+    target_recall: float
+    queries: int
+    seconds: float
+
+
 class TableInfo(BaseModel):
     name: str
     version: int  # LanceDB table version pinned by this manifest
@@ -35,6 +48,7 @@ class TableInfo(BaseModel):
     vector_index: str | None = None  # e.g. "IVF_RQ" when an ANN index exists, else None
     vector_index_params: dict[str, Any] = Field(default_factory=dict)  # build params, e.g. num_partitions
     scalar_indexes: list[str] = Field(default_factory=list)
+    calibration: AnnCalibration | None = None  # None: no ANN index, calibration off, or an older ingest
 
 
 class Manifest(BaseModel):

@@ -169,6 +169,7 @@ async def run_ingest(
         "reembed": reembed,
         "ann_min_rows": config.ann_min_rows,
         "vector_index": config.vector_index.model_dump(),
+        "target_recall": config.target_recall,
     }
     manifest = await writer.write(tables, source_path=str(source.root.resolve()), layout=source.layout, options=options)
     t = writer.timings
@@ -180,6 +181,7 @@ async def run_ingest(
             "prepare": prepared_s,
             "write": t.write_s,
             "index": t.index_s,
+            "calibrate": t.calibrate_s,
             "cleanup": t.cleanup_s,
             "total": time.perf_counter() - started,
             **{f"index.{k}": v for k, v in t.index_s_by_table.items()},

@@ -33,6 +33,7 @@ from drift_lance.config.ingest import IngestConfig, VectorIndexConfig
 from drift_lance.errors import StoreError
 from drift_lance.object_store import resolve_storage_options
 from drift_lance.store import Manifest, TableInfo, VectorColumnInfo
+from ingest.calibrate import calibrate_probes
 from ingest.embeddings import TableVectors
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class WriteTimings:
     write_s: float = 0.0
     index_s: float = 0.0
     cleanup_s: float = 0.0
+    calibrate_s: float = 0.0
     index_s_by_table: dict[str, float] = field(default_factory=dict)
 
 
@@ -176,7 +178,7 @@ class IndexWriter:
         elapsed = time.perf_counter() - start
         self.timings.index_s += elapsed
         self.timings.index_s_by_table[table.name] = elapsed
-        return TableInfo(
+        info = TableInfo(
             name=table.name,
             version=await handle.version(),
             rows=arrow.num_rows,
@@ -184,6 +186,14 @@ class IndexWriter:
             vector_index_params=params,
             scalar_indexes=scalar,
         )
+        if vector_index and table.vectors is not None and self.config.target_recall is not None:
+            start = time.perf_counter()
+            info.calibration = await calibrate_probes(
+                handle, info, table.vectors.matrix, table.frame["id"],
+                target=self.config.target_recall, queries=self.config.calibration_queries,
+            )
+            self.timings.calibrate_s += time.perf_counter() - start
+        return info
 
     async def _scalar_indexes(self, handle: Any, name: str) -> list[str]:
         if not self.config.scalar_indexes:

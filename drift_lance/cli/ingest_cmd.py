@@ -13,6 +13,9 @@ os.environ.setdefault("LANCE_LOG", "error")
 os.environ.setdefault("LANCEDB_LOG", "error")
 
 
+_DEFAULT = object()  # --target-recall not given ("off" parses to None)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "ingest",
@@ -33,7 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--embedding-model", metavar="NAME",
         help="the model that made GraphRAG's stored vectors, recorded in the manifest (default: unknown)",
     )
-    parser.add_argument("--ann-min-rows", type=int, metavar="N", help="build an ANN index on tables with >= N rows (default 10000)")
+    parser.add_argument("--ann-min-rows", type=int, metavar="N", help="build an ANN index on tables with >= N rows (default 20000)")
+    parser.add_argument(
+        "--target-recall", type=_target_recall, metavar="R", default=_DEFAULT,
+        help="after building an ANN index, measure recall@10 on sample queries and record the fewest probed "
+        'partitions reaching R (default 0.97); "off" probes a fixed 30%% of the partitions',
+    )
     parser.add_argument(
         "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
         help="LanceDB storage option for object storage, e.g. aws_endpoint=http://127.0.0.1:9000 (repeatable; "
@@ -41,6 +49,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.set_defaults(func=run)
+
+
+def _target_recall(text: str) -> float | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a recall in (0, 1] or 'off', got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a recall in (0, 1] or 'off', got {text!r}")
+    return value
 
 
 def parse_storage_options(pairs: list[str]) -> dict[str, str] | None:
@@ -71,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     config = IngestConfig()
     if args.ann_min_rows is not None:
         config.ann_min_rows = args.ann_min_rows
+    if args.target_recall is not _DEFAULT:
+        config.target_recall = args.target_recall
     embedder = None
     if args.embedder:
         from drift_lance.config.models import ModelSettings
@@ -107,10 +129,19 @@ def print_summary(report: Any, out: TextIO) -> None:
             f"{', '.join(info.scalar_indexes) or '-'}",
             file=out,
         )
+    for name, info in m.tables.items():
+        c = info.calibration
+        if c is not None:
+            partitions = info.vector_index_params.get("num_partitions")
+            print(
+                f"{name}: ANN probes {c.nprobes} of {partitions} partitions -> recall@10 {c.recall_at_10:.3f} "
+                f"(target {c.target_recall}, {c.queries} sample queries, {c.seconds:.1f}s)",
+                file=out,
+            )
     s = report.seconds
     print(
         f"{sum(report.rows.values())} rows in {s['total']:.1f}s ({report.rows_per_second:,.0f} rows/s; "
-        f"prepare {s['prepare']:.1f}s, write {s['write']:.1f}s, index {s['index']:.1f}s); "
+        f"prepare {s['prepare']:.1f}s, write {s['write']:.1f}s, index {s['index']:.1f}s, calibrate {s['calibrate']:.1f}s); "
         f"{report.computed_vectors} texts embedded",
         file=out,
     )

@@ -1,0 +1,140 @@
+"""ANN probe calibration at ingest: the fewest probes reaching the recall target, recorded in the
+manifest and used by the store unless the user sets the probing explicitly."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+
+import ingest
+from drift_lance import schema
+from drift_lance._lance_store import ann_query, open_store
+from drift_lance._lancedb import lancedb
+from drift_lance.cli import main as cli_main
+from drift_lance.config.ingest import IngestConfig, SearchTuning, StoreConfig
+from drift_lance.store import TableInfo
+from ingest.calibrate import calibrate_probes, probe_ladder, sample_queries
+
+ROWS, DIM, PARTITIONS = 4000, 16, 64
+
+
+@pytest.fixture(scope="module")
+def random_table(tmp_path_factory):
+    """Unclustered unit vectors with an IVF_FLAT index: recall grows gradually with the probes."""
+    rng = np.random.default_rng(7)
+    matrix = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    ids = pl.Series("id", [f"e{i}" for i in range(ROWS)])
+    data = pa.table({"id": ids.to_arrow(), schema.VECTOR: pa.FixedSizeListArray.from_arrays(pa.array(matrix.ravel()), DIM)})
+    uri = str(tmp_path_factory.mktemp("calibrate") / "db")
+
+    async def build() -> int:
+        from lancedb.index import IvfFlat
+
+        db = await lancedb.connect_async(uri)
+        table = await db.create_table("t", data=data)
+        await table.create_index(schema.VECTOR, config=IvfFlat(num_partitions=PARTITIONS, distance_type="cosine"))
+        return await table.version()
+
+    import asyncio
+
+    version = asyncio.run(build())
+    info = TableInfo(name="t", version=version, rows=ROWS, vector_index="IVF_FLAT", vector_index_params={"num_partitions": PARTITIONS})
+    return uri, info, matrix, ids
+
+
+async def recall_at(uri: str, info: TableInfo, matrix: np.ndarray, queries: np.ndarray, nprobes: int) -> float:
+    """Recall@10 of LanceDB's own query at `nprobes`, against numpy's exact top 10."""
+    table = await (await lancedb.connect_async(uri)).open_table(info.name)
+    exact = np.argsort(-(queries @ matrix.T), axis=1)[:, :10]
+    hits = 0
+    for query, truth in zip(queries, exact):
+        q = table.vector_search(query).column(schema.VECTOR).distance_type("cosine").nprobes(nprobes).limit(10)
+        found = (await q.select(["id", "_distance"]).to_arrow()).column("id").to_pylist()
+        hits += len(set(found) & {f"e{i}" for i in truth})
+    return hits / (10 * len(queries))
+
+
+async def test_calibration_picks_the_fewest_probes_that_reach_the_target(random_table):
+    uri, info, matrix, ids = random_table
+    table = await (await lancedb.connect_async(uri)).open_table("t")
+    tuning = SearchTuning(min_nprobes=1)
+    found = await calibrate_probes(table, info, matrix, ids, target=0.9, queries=100, tuning=tuning)
+    ladder = probe_ladder(PARTITIONS)
+    assert found is not None and found.nprobes in ladder and found.queries == 100
+    assert found.recall_at_10 >= 0.9 and found.target_recall == 0.9
+    # Checked independently, on the same queries: the chosen count reaches the target, the rung
+    # below does not, and a lower target needs fewer probes.
+    queries = sample_queries(matrix, 100, np.random.default_rng(0))
+    assert await recall_at(uri, info, matrix, queries, found.nprobes) >= 0.9
+    below = ladder[ladder.index(found.nprobes) - 1]
+    assert await recall_at(uri, info, matrix, queries, below) < 0.9
+    lower = await calibrate_probes(table, info, matrix, ids, target=0.5, queries=100, tuning=tuning)
+    assert lower is not None and lower.nprobes < found.nprobes
+
+
+async def test_probes_never_go_below_the_min_nprobes_floor(random_table):
+    uri, info, matrix, ids = random_table
+    table = await (await lancedb.connect_async(uri)).open_table("t")
+    found = await calibrate_probes(table, info, matrix, ids, target=0.05, queries=20, tuning=SearchTuning(min_nprobes=20))
+    assert found is not None and found.nprobes == 20
+
+
+async def test_unreachable_target_probes_everything_and_warns(random_table, caplog):
+    uri, info, matrix, ids = random_table
+    table = await (await lancedb.connect_async(uri)).open_table("t")
+    # IVF_FLAT probing every partition is exact; told the index has half its 64 partitions, the
+    # ladder tops out at 32 probes, which cannot reach recall 1.0.
+    half = info.model_copy(update={"vector_index_params": {"num_partitions": PARTITIONS // 2}})
+    with caplog.at_level(logging.WARNING, logger="ingest.calibrate"):
+        found = await calibrate_probes(table, half, matrix, ids, target=1.0, queries=50, tuning=SearchTuning(min_nprobes=1))
+    assert found is not None and found.nprobes == PARTITIONS // 2 and found.recall_at_10 < 1.0
+    assert "below the target" in caplog.text and "'t'" in caplog.text
+
+
+async def test_ingest_records_calibration_and_the_store_probes_that_many(tmp_path):
+    from ingest.synthetic import generate_index
+
+    src = generate_index(tmp_path / "src", n_entities=3000, dim=32, seed=5)
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), config=IngestConfig(ann_min_rows=2000), progress=False)
+    info = report.manifest.tables["entities"]
+    partitions = info.vector_index_params["num_partitions"]
+    assert info.calibration is not None and info.calibration.target_recall == 0.97
+    assert info.calibration.nprobes in probe_ladder(partitions, SearchTuning().min_nprobes)
+    assert report.manifest.options["target_recall"] == 0.97 and report.seconds["calibrate"] > 0
+    assert report.manifest.tables["community_reports"].calibration is None  # no ANN index
+
+    async def probes_in_plan(config: StoreConfig) -> int:
+        store = await open_store(str(tmp_path / "db"), config=config)
+        try:
+            handle = await store._table("entities")
+            plan = await ann_query(handle, np.ones(32, np.float32), 10, store.config.search, store.manifest.tables["entities"]).explain_plan(True)
+        finally:
+            await store.close()
+        return int(plan.split("minimum_nprobes=")[1].split(",")[0])
+
+    assert await probes_in_plan(StoreConfig()) == info.calibration.nprobes
+    # An explicit setting wins over the calibration.
+    assert await probes_in_plan(StoreConfig(search=SearchTuning(nprobes_fraction=0.5))) == math.ceil(0.5 * partitions)
+    assert await probes_in_plan(StoreConfig(search=SearchTuning(nprobes=7))) == 7
+
+
+def test_cli_target_recall_off_and_bad_values(tmp_path, capsys):
+    from ingest.synthetic import generate_index
+
+    src = generate_index(tmp_path / "src", n_entities=1200, dim=16, seed=2)
+    db = str(tmp_path / "db")
+    assert cli_main(["ingest", str(src), "--db", db, "--ann-min-rows", "1000", "--target-recall", "0.9", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "entities: ANN probes" in out and "(target 0.9," in out
+    assert cli_main(["ingest", str(src), "--db", db, "--ann-min-rows", "1000", "--target-recall", "off", "--no-progress"]) == 0
+    assert "ANN probes" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["ingest", str(src), "--db", db, "--target-recall", "1.5"])
+    assert exit_info.value.code == 2
+    assert "--target-recall" in capsys.readouterr().err
