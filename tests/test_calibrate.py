@@ -88,12 +88,12 @@ async def test_probes_never_go_below_the_min_nprobes_floor(random_table):
 async def test_unreachable_target_probes_everything_and_warns(random_table, caplog):
     uri, info, matrix, ids = random_table
     table = await (await lancedb.connect_async(uri)).open_table("t")
-    # IVF_FLAT probing every partition is exact; told the index has half its 64 partitions, the
-    # ladder tops out at 32 probes, which cannot reach recall 1.0.
-    half = info.model_copy(update={"vector_index_params": {"num_partitions": PARTITIONS // 2}})
+    # IVF_FLAT probing every partition is exact; told the index has 4 of its 64 partitions, the
+    # ladder tops out at 4 probes, far from recall 1.0 on unclustered vectors.
+    few = info.model_copy(update={"vector_index_params": {"num_partitions": 4}})
     with caplog.at_level(logging.WARNING, logger="ingest.calibrate"):
-        found = await calibrate_probes(table, half, matrix, ids, target=1.0, queries=50, tuning=SearchTuning(min_nprobes=1))
-    assert found is not None and found.nprobes == PARTITIONS // 2 and found.recall_at_10 < 1.0
+        found = await calibrate_probes(table, few, matrix, ids, target=1.0, queries=50, tuning=SearchTuning(min_nprobes=1))
+    assert found is not None and found.nprobes == 4 and found.recall_at_10 < 0.9
     assert "below the target" in caplog.text and "'t'" in caplog.text
 
 
@@ -124,16 +124,23 @@ async def test_ingest_records_calibration_and_the_store_probes_that_many(tmp_pat
     assert await probes_in_plan(StoreConfig(search=SearchTuning(nprobes=7))) == 7
 
 
-def test_cli_target_recall_off_and_bad_values(tmp_path, capsys):
+def test_cli_target_recall_off_and_bad_values_and_inspect_shows_the_probing(tmp_path, capsys, monkeypatch):
     from ingest.synthetic import generate_index
 
     src = generate_index(tmp_path / "src", n_entities=1200, dim=16, seed=2)
     db = str(tmp_path / "db")
     assert cli_main(["ingest", str(src), "--db", db, "--ann-min-rows", "1000", "--target-recall", "0.9", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "entities: ANN probes" in out and "(target 0.9," in out
+    assert "entities: IVF_RQ probes 20 of 35 partitions (calibrated at ingest: recall@10 " in out and "target 0.9," in out
+    # The live probing, and which setting decides it, is what `inspect` shows.
+    assert cli_main(["inspect", "--db", db]) == 0
+    assert "entities: IVF_RQ probes 20 of 35 partitions (calibrated at ingest" in capsys.readouterr().out
+    monkeypatch.setenv("DRIFT_LANCE_STORE__SEARCH__NPROBES", "7")
+    assert cli_main(["inspect", "--db", db]) == 0
+    assert "entities: IVF_RQ probes 7 of 35 partitions (store.search.nprobes, not the ingest calibration)" in capsys.readouterr().out
+    monkeypatch.delenv("DRIFT_LANCE_STORE__SEARCH__NPROBES")
     assert cli_main(["ingest", str(src), "--db", db, "--ann-min-rows", "1000", "--target-recall", "off", "--no-progress"]) == 0
-    assert "ANN probes" not in capsys.readouterr().out
+    assert "probes 20 of 35 partitions (the default 30% of the partitions: not calibrated at ingest)" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["ingest", str(src), "--db", db, "--target-recall", "1.5"])
     assert exit_info.value.code == 2

@@ -130,14 +130,8 @@ def print_summary(report: Any, out: TextIO) -> None:
             file=out,
         )
     for name, info in m.tables.items():
-        c = info.calibration
-        if c is not None:
-            partitions = info.vector_index_params.get("num_partitions")
-            print(
-                f"{name}: ANN probes {c.nprobes} of {partitions} partitions -> recall@10 {c.recall_at_10:.3f} "
-                f"(target {c.target_recall}, {c.queries} sample queries, {c.seconds:.1f}s)",
-                file=out,
-            )
+        if info.vector_index:
+            print(probing_line(info), file=out)
     s = report.seconds
     print(
         f"{sum(report.rows.values())} rows in {s['total']:.1f}s ({report.rows_per_second:,.0f} rows/s; "
@@ -145,3 +139,23 @@ def print_summary(report: Any, out: TextIO) -> None:
         f"{report.computed_vectors} texts embedded",
         file=out,
     )
+
+
+def probing_line(info: Any, tuning: Any = None) -> str:
+    """How the store probes the ANN index of table `info` under `tuning` (default settings), and why."""
+    from drift_lance.config.ingest import SearchTuning
+
+    tuning = tuning or SearchTuning()
+    partitions = info.vector_index_params.get("num_partitions")
+    c = info.calibration
+    probes, source = tuning.probing(partitions, c.nprobes if c else None)
+    if source == "calibrated":
+        why = (
+            f"calibrated at ingest: recall@10 {c.recall_at_10:.3f}, target {c.target_recall}, "
+            f"{c.queries} sample queries, {c.seconds:.1f}s"
+        )
+    elif source == "nprobes_fraction" and "nprobes_fraction" not in tuning.model_fields_set:
+        why = f"the default {tuning.nprobes_fraction:.0%} of the partitions: not calibrated at ingest"
+    else:
+        why = f"store.search.{source}" + (", not the ingest calibration" if c else "")
+    return f"{info.name}: {info.vector_index} probes {probes} of {partitions} partitions ({why})"

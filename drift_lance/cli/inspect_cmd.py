@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 async def describe(uri: str, storage_options: dict[str, str] | None = None, config: Any = None) -> dict[str, Any]:
     """The database at `uri` as a JSON-able dict: manifest, generations, per-table details."""
     from drift_lance._lance_store import open_store
+    from drift_lance.cli.ingest_cmd import probing_line
 
     store = await open_store(uri, storage_options=storage_options, config=config)
     try:
@@ -43,7 +44,13 @@ async def describe(uri: str, storage_options: dict[str, str] | None = None, conf
                 "embedding_model": vec.model if vec else None,
             }
         generations = await store.generations()
-        return {"uri": uri, "generations": generations, "manifest": store.manifest.model_dump(mode="json"), "tables": tables}
+        probing = {
+            name: probing_line(info, store.config.search) for name, info in store.manifest.tables.items() if info.vector_index
+        }
+        return {
+            "uri": uri, "generations": generations, "manifest": store.manifest.model_dump(mode="json"),
+            "tables": tables, "probing": probing,
+        }
     finally:
         await store.close()
 
@@ -71,4 +78,6 @@ def run(args: argparse.Namespace) -> int:
         vectors = f"{t['dimension']}-d {t['embedding_model']}" if t["dimension"] else "-"
         indexes = ", ".join(f"{col}:{kind}" for col, kind in t["indexes"].items()) or "-"
         print(f"{name:<18} {t['rows']:>9} {t['version']:>7}  {vectors:<40} {indexes}", file=out)
+    for line in info["probing"].values():
+        print(line, file=out)
     return 0

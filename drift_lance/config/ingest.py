@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 VectorIndexType = Literal["IVF_RQ", "IVF_HNSW_SQ", "IVF_PQ", "IVF_FLAT"]
+ProbeSource = Literal["nprobes", "calibrated", "nprobes_fraction", "min_nprobes"]
 
 
 class VectorIndexConfig(BaseModel):
@@ -48,13 +49,18 @@ class SearchTuning(BaseModel):
     def probes(self, num_partitions: int | None, calibrated: int | None = None) -> int:
         """Partitions to probe for an index with `num_partitions` partitions, of which ingest found
         `calibrated` enough for its recall target. An explicit `nprobes` or `nprobes_fraction` wins."""
+        return self.probing(num_partitions, calibrated)[0]
+
+    def probing(self, num_partitions: int | None, calibrated: int | None = None) -> tuple[int, ProbeSource]:
+        """`probes()` and which setting decided it."""
         if self.nprobes is not None:
-            return self.nprobes
+            return self.nprobes, "nprobes"
         if calibrated is not None and "nprobes_fraction" not in self.model_fields_set:
-            return calibrated
+            return calibrated, "calibrated"
         if not num_partitions:
-            return self.min_nprobes
-        return min(num_partitions, max(self.min_nprobes, math.ceil(self.nprobes_fraction * num_partitions)))
+            return self.min_nprobes, "min_nprobes"
+        fraction = min(num_partitions, max(self.min_nprobes, math.ceil(self.nprobes_fraction * num_partitions)))
+        return fraction, "nprobes_fraction"
 
     nprobes: int | None = Field(
         default=None, ge=1, description="IVF partitions probed per query; None = nprobes_fraction of the partitions"
