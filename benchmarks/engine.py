@@ -156,12 +156,11 @@ def engine_search_case(db: str, data_dir: str, concurrency: int = 8) -> dict[str
             conc_s = time.perf_counter() - conc_start
             info = store.manifest.tables["entities"]
             tuning = store.config.search
-            calibration = info.calibration
             probing = {  # what the store's queries ran with
-                "nprobes": tuning.probes(info.vector_index_params.get("num_partitions"), calibration and calibration.nprobes),
+                "nprobes": tuning.probing_for(info)[0],
                 "refine_factor": tuning.refine(info.vector_index),
                 "ef": tuning.ef,
-                "calibration": calibration and calibration.model_dump(),
+                "calibration": info.calibration and info.calibration.model_dump(),
             }
             return {
                 **latency_summary(latencies), "qps": len(qv) / serial_s, "qps_concurrent": len(qv) / conc_s,

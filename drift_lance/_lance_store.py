@@ -478,8 +478,7 @@ def ann_query(handle: Any, query: np.ndarray, k: int, tuning: SearchTuning, info
     ANN index (a table over the vector cache bound) it is LanceDB's flat scan."""
     q = handle.vector_search(query).column(schema.VECTOR).distance_type("cosine")
     if info.vector_index:
-        calibrated = info.calibration.nprobes if info.calibration else None
-        q = q.nprobes(nprobes or tuning.probes(info.vector_index_params.get("num_partitions"), calibrated))
+        q = q.nprobes(nprobes or tuning.probing_for(info)[0])
         refine = tuning.refine(info.vector_index)
         if refine:
             q = q.refine_factor(refine)

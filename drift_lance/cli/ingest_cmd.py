@@ -148,7 +148,7 @@ def probing_line(info: Any, tuning: Any = None) -> str:
     tuning = tuning or SearchTuning()
     partitions = info.vector_index_params.get("num_partitions")
     c = info.calibration
-    probes, source = tuning.probing(partitions, c.nprobes if c else None)
+    probes, source = tuning.probing_for(info)
     if source == "calibrated":
         why = (
             f"calibrated at ingest: recall@10 {c.recall_at_10:.3f}, target {c.target_recall}, "

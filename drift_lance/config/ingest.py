@@ -15,9 +15,12 @@ vectors) grew the process to 1.6 GB. IVF_HNSW_SQ and IVF_PQ took minutes to buil
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from drift_lance.store import TableInfo
 
 VectorIndexType = Literal["IVF_RQ", "IVF_HNSW_SQ", "IVF_PQ", "IVF_FLAT"]
 ProbeSource = Literal["nprobes", "calibrated", "nprobes_fraction", "min_nprobes"]
@@ -50,6 +53,12 @@ class SearchTuning(BaseModel):
         """Partitions to probe for an index with `num_partitions` partitions, of which ingest found
         `calibrated` enough for its recall target. An explicit `nprobes` or `nprobes_fraction` wins."""
         return self.probing(num_partitions, calibrated)[0]
+
+    def probing_for(self, info: TableInfo) -> tuple[int, ProbeSource]:
+        """Partitions to probe for the ANN index of the table `info` describes, and which setting
+        decided it."""
+        calibrated = info.calibration.nprobes if info.calibration else None
+        return self.probing(info.vector_index_params.get("num_partitions"), calibrated)
 
     def probing(self, num_partitions: int | None, calibrated: int | None = None) -> tuple[int, ProbeSource]:
         """`probes()` and which setting decided it."""
