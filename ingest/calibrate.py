@@ -6,7 +6,8 @@ So instead of a fixed share, ingest measures it on the index it just built:
 
 - queries: random rows perturbed to cosine ~0.8 to the row (a question's embedding sits near, not
   on, the entity it asks about; the row itself is then not a guaranteed hit);
-- truth: exact top-10 by cosine over the whole matrix, which ingest holds in memory anyway; a result
+- truth: exact top-10 by cosine (a dot product: ingest stores rows unit-normalised, see
+  `ingest.embeddings.TableVectors`) over the whole matrix, which ingest holds in memory anyway; a result
   scoring at least the 10th exact score counts as a hit, so ties between equal vectors do not count
   as misses;
 - recall grows with the probe count, so a binary search over a ladder of probe counts finds the
@@ -49,9 +50,9 @@ def probe_ladder(num_partitions: int, floor: int = 1) -> list[int]:
 
 
 def sample_queries(matrix: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """`n` random rows of the unit-row `matrix`, each moved to cosine ~0.8 by random noise."""
     picks = rng.choice(matrix.shape[0], size=min(n, matrix.shape[0]), replace=False)
     base = matrix[np.sort(picks)].astype(np.float32)
-    base /= np.maximum(np.linalg.norm(base, axis=1, keepdims=True), 1e-12)
     noise = rng.standard_normal(base.shape).astype(np.float32)
     noise *= QUERY_NOISE / np.linalg.norm(noise, axis=1, keepdims=True)
     queries = base + noise
@@ -59,12 +60,10 @@ def sample_queries(matrix: np.ndarray, n: int, rng: np.random.Generator) -> np.n
 
 
 def kth_exact_scores(matrix: np.ndarray, queries: np.ndarray, k: int = K) -> np.ndarray:
-    """Per query, the k-th best cosine over all rows (the lowest score that still makes the top k)."""
+    """Per query, the k-th best cosine over all (unit) rows: the lowest score that still makes the top k."""
     best = np.full((len(queries), 0), -np.inf, dtype=np.float32)
     for start in range(0, matrix.shape[0], TRUTH_CHUNK_ROWS):
-        chunk = matrix[start : start + TRUTH_CHUNK_ROWS]
-        # Norms per chunk: over the whole matrix numpy would square it into a temporary as large.
-        scores = (queries @ chunk.T) / np.maximum(np.linalg.norm(chunk, axis=1), 1e-12)
+        scores = queries @ matrix[start : start + TRUTH_CHUNK_ROWS].T
         merged = np.concatenate([best, scores.astype(np.float32)], axis=1)
         keep = min(k, merged.shape[1])
         best = np.partition(merged, merged.shape[1] - keep, axis=1)[:, merged.shape[1] - keep :]
@@ -99,8 +98,7 @@ class _RecallProbe:
         # One join for all queries (a join per query re-hashes the whole id column each time).
         located = results.join(self.rows_by_id, on="id", how="inner")
         rows, queries = located["row"].to_numpy(), located["query"].to_numpy()
-        vectors = self.matrix[rows]
-        scores = np.einsum("ij,ij->i", vectors, self.queries[queries]) / np.maximum(np.linalg.norm(vectors, axis=1), 1e-12)
+        scores = np.einsum("ij,ij->i", self.matrix[rows], self.queries[queries])
         hits = np.bincount(queries[scores >= self.kth[queries] - TIE_TOLERANCE], minlength=len(found))
         return np.minimum(hits, K)
 
@@ -116,8 +114,8 @@ async def calibrate_probes(
     tuning: SearchTuning | None = None,
     seed: int = SEED,
 ) -> AnnCalibration | None:
-    """The fewest probes of `probe_ladder` whose recall@10 reaches `target` on `handle`'s index (rows
-    of `matrix` in the order of `ids`); all partitions, with a warning, when none does. None for an
+    """The fewest probes of `probe_ladder` whose recall@10 reaches `target` on `handle`'s index (unit
+    rows of `matrix` in the order of `ids`); all partitions, with a warning, when none does. None for an
     index without partitions recorded."""
     num_partitions = info.vector_index_params.get("num_partitions")
     if not info.vector_index or not num_partitions:
