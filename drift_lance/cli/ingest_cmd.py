@@ -13,10 +13,10 @@ os.environ.setdefault("LANCE_LOG", "error")
 os.environ.setdefault("LANCEDB_LOG", "error")
 
 
-_DEFAULT = object()  # --target-recall not given ("off" parses to None)
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from drift_lance.config.ingest import IngestConfig
+
+    defaults = IngestConfig()  # help texts quote the config's defaults, not copies of them
     parser = subparsers.add_parser(
         "ingest",
         help="ingest a GraphRAG output folder into LanceDB",
@@ -36,11 +36,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--embedding-model", metavar="NAME",
         help="the model that made GraphRAG's stored vectors, recorded in the manifest (default: unknown)",
     )
-    parser.add_argument("--ann-min-rows", type=int, metavar="N", help="build an ANN index on tables with >= N rows (default 20000)")
     parser.add_argument(
-        "--target-recall", type=_target_recall, metavar="R", default=_DEFAULT,
+        "--ann-min-rows", type=int, metavar="N",
+        help=f"build an ANN index on tables with >= N rows (default {defaults.ann_min_rows})",
+    )
+    parser.add_argument(
+        "--target-recall", type=_target_recall, metavar="R", default=defaults.target_recall,
         help="after building an ANN index, measure recall@10 on sample queries and record the fewest probed "
-        'partitions reaching R (default 0.97); "off" probes a fixed 30%% of the partitions',
+        f'partitions reaching R (default {defaults.target_recall}); "off" probes a fixed share of the partitions '
+        "(store.search.nprobes_fraction)",
     )
     parser.add_argument(
         "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
@@ -91,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     config = IngestConfig()
     if args.ann_min_rows is not None:
         config.ann_min_rows = args.ann_min_rows
-    if args.target_recall is not _DEFAULT:
-        config.target_recall = args.target_recall
+    config.target_recall = args.target_recall
     embedder = None
     if args.embedder:
         from drift_lance.config.models import ModelSettings
