@@ -199,6 +199,11 @@ async def test_vector_cache_is_bounded_and_results_do_not_depend_on_it(dulce_db_
             b = await tiny.search(table, vector, 8, columns=["id"])
             assert a["id"].to_list() == b["id"].to_list(), table
             assert np.allclose(a["_similarity"].to_numpy(), b["_similarity"].to_numpy(), atol=1e-5), table
+        # a batch over the bound is one LanceDB scan shared by its queries, split back per query
+        queries = np.stack([vector, -vector, vector[::-1]])
+        batched = await tiny.search_many("entities", queries, 8, columns=["id"])
+        for query, found in zip(queries, batched):
+            assert found["id"].to_list() == (await cached.search("entities", query, 8, columns=["id"]))["id"].to_list()
         assert tiny.vector_cache.bytes == 0
         assert cached.vector_cache.bytes > 0
         assert cached.vector_cache.bytes <= cached.config.vector_cache_bytes
