@@ -290,6 +290,7 @@ async def test_streamed_and_blocking_reduce_match_and_tokens_add_up(store):
 
         def on_reduce_start(self, state):
             self.events.append("reduce_start")
+            self.graph = state
 
         async def on_token(self, token):
             self.tokens.append(token)
@@ -310,6 +311,7 @@ async def test_streamed_and_blocking_reduce_match_and_tokens_add_up(store):
     assert len(deltas) > 1 and "".join(deltas) == blocking.response == streamed.response == REDUCE_TEXT
     assert "".join(recorder.tokens) == REDUCE_TEXT
     assert recorder.events == ["primer", "action1", "action1", "action2", "action2", "reduce_start", "reduce_end"]
+    assert recorder.graph == streamed.state and streamed.state["nodes"]  # reduce saw the final graph
     assert streamed.llm_calls_categories == blocking.llm_calls_categories
     assert streamed.prompt_tokens_categories == blocking.prompt_tokens_categories
     assert streamed.output_tokens_categories == blocking.output_tokens_categories

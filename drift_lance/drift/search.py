@@ -61,6 +61,14 @@ class _Run:
     state: QueryState = field(default_factory=QueryState)
     usage: dict[str, Usage] = field(default_factory=lambda: {stage: Usage() for stage in STAGES})
     started: float = field(default_factory=time.perf_counter)
+    graph: dict[str, Any] | None = None
+
+    def action_graph(self) -> dict[str, Any]:
+        """The action graph without contexts, serialized once: exploring has ended when it is asked
+        for (reduce start, the result), so it no longer changes."""
+        if self.graph is None:
+            self.graph = self.state.serialize(include_context=False)
+        return self.graph
 
 
 class DRIFTSearch:
@@ -96,7 +104,7 @@ class DRIFTSearch:
         run = self._new_run(query, callbacks)
         await self._explore(run)
         if not reduce:
-            return self._result(run, response=run.state.serialize(include_context=False))
+            return self._result(run, response=run.action_graph())
         messages, params = await self._start_reduce(run)
         result = await run.chat.complete(messages, params=params)
         run.usage["reduce"] = run.usage["reduce"] + _call_usage(result.usage)
@@ -252,7 +260,7 @@ class DRIFTSearch:
         await emit(run.callbacks, "on_action_completed", action, epoch)
 
     async def _start_reduce(self, run: _Run) -> tuple[list[Message], ChatParams]:
-        await emit(run.callbacks, "on_reduce_start", run.state.serialize(include_context=False))
+        await emit(run.callbacks, "on_reduce_start", run.action_graph())
         cfg = self.config
         system = self.prompts.reduce.format(context_data=self._reduce_notes(run.state), response_type=cfg.response_type)
         params = ChatParams(temperature=cfg.reduce_temperature, max_tokens=cfg.reduce_output_cap, seed=cfg.seed)
@@ -292,7 +300,7 @@ class DRIFTSearch:
             llm_calls_categories=calls,
             prompt_tokens_categories=prompt,
             output_tokens_categories=output,
-            state=run.state.serialize(include_context=False),
+            state=run.action_graph(),
         )
 
 
