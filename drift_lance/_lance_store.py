@@ -229,22 +229,22 @@ class LanceStore:
                       self.manifest.tables[table]).with_row_id()
         if columns is not None:
             q = q.select([*columns, "_distance"])  # named, or lance warns it will stop adding it
-        result = pl.from_arrow(await q.to_arrow())
-        assert isinstance(result, pl.DataFrame)
-        # Ties by row id keep equal-similarity results in a stable, reproducible order.
-        order, descending = [SIMILARITY, "_rowid"], [True, False]
-        if len(queries) > 1:  # a multi-vector result names each row's query
-            order, descending = [_QUERY_INDEX, *order], [False, *descending]
-        result = (
-            result.with_columns((1.0 - pl.col("_distance")).cast(pl.Float64).alias(SIMILARITY))
-            .sort(order, descending=descending)
-            .drop(["_distance", "_rowid"])
-        )
-        if len(queries) == 1:
-            return [result]
-        per_query = result.partition_by(_QUERY_INDEX, as_dict=True, include_key=False, maintain_order=True)
-        none_found = result.clear().drop(_QUERY_INDEX)
-        return [per_query.get((i,), none_found) for i in range(len(queries))]
+        rows = await q.to_arrow()
+        # Best first per query; ties by row id keep equal-similarity results in a stable,
+        # reproducible order. Sorted with numpy and converted once: Polars' sort and partition cost
+        # ~1 ms per call here, on CPU caches the ANN scan has just flushed.
+        distance = rows.column("_distance").to_numpy()
+        if _QUERY_INDEX in rows.column_names:  # a multi-vector result names each row's query
+            query_of = rows.column(_QUERY_INDEX).to_numpy()
+        else:
+            query_of = np.zeros(len(distance), dtype=np.int32)
+        order = np.lexsort((rows.column("_rowid").to_numpy(), distance, query_of))
+        similarity = 1.0 - distance[order].astype(np.float64)
+        rows = rows.drop_columns([c for c in (_QUERY_INDEX, "_distance", "_rowid") if c in rows.column_names])
+        frame = pl.from_arrow(rows.take(order).append_column(SIMILARITY, pa.array(similarity)))
+        assert isinstance(frame, pl.DataFrame)
+        bounds = np.searchsorted(query_of[order], np.arange(len(queries) + 1))
+        return [frame.slice(int(start), int(end - start)) for start, end in zip(bounds[:-1], bounds[1:])]
 
     async def _search_exact(self, table: str, queries: np.ndarray, k: int, columns: Sequence[str] | None) -> list[pl.DataFrame]:
         exact = await self._exact_index(table)
