@@ -209,10 +209,10 @@ def ann_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 def test_automatic_nprobes():
     tuning = StoreConfig().search
-    assert tuning.probes(1000) == 300  # 30% of the partitions ...
-    assert tuning.probes(55) == 20  # ... but at least 20
-    assert tuning.probes(8) == 8  # ... and never more than there are
-    assert StoreConfig(search={"nprobes": 7}).search.probes(1000) == 7
+    assert tuning.probing(1000) == (300, "nprobes_fraction")  # 30% of the partitions ...
+    assert tuning.probing(55) == (20, "nprobes_fraction")  # ... but at least 20
+    assert tuning.probing(8) == (8, "nprobes_fraction")  # ... and never more than there are
+    assert StoreConfig(search={"nprobes": 7}).search.probing(1000) == (7, "nprobes")
     assert tuning.refine("IVF_RQ") == 5 and tuning.refine("IVF_PQ") == 10 and tuning.refine("IVF_FLAT") is None
     assert StoreConfig(search={"refine_factor": 2}).search.refine("IVF_RQ") == 2
 

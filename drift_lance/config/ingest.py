@@ -49,11 +49,6 @@ class SearchTuning(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    def probes(self, num_partitions: int | None, calibrated: int | None = None) -> int:
-        """Partitions to probe for an index with `num_partitions` partitions, of which ingest found
-        `calibrated` enough for its recall target. An explicit `nprobes` or `nprobes_fraction` wins."""
-        return self.probing(num_partitions, calibrated)[0]
-
     def probing_for(self, info: TableInfo) -> tuple[int, ProbeSource]:
         """Partitions to probe for the ANN index of the table `info` describes, and which setting
         decided it."""
@@ -61,7 +56,9 @@ class SearchTuning(BaseModel):
         return self.probing(info.vector_index_params.get("num_partitions"), calibrated)
 
     def probing(self, num_partitions: int | None, calibrated: int | None = None) -> tuple[int, ProbeSource]:
-        """`probes()` and which setting decided it."""
+        """Partitions to probe for an index with `num_partitions` partitions, of which ingest found
+        `calibrated` enough for its recall target, and which setting decided it. An explicit
+        `nprobes` or `nprobes_fraction` wins."""
         if self.nprobes is not None:
             return self.nprobes, "nprobes"
         if calibrated is not None and "nprobes_fraction" not in self.model_fields_set:
