@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,10 +216,15 @@ class LanceStore:
                 f"{self.uri}: query vector has dimension {query.shape[0]} but table {table!r} "
                 f"column {schema.VECTOR!r} has dimension {dim} (model {self.manifest.vectors[table].model!r})"
             )
+        # One dot product both normalises and validates: a NaN or inf anywhere makes it non-finite.
+        with np.errstate(over="ignore", invalid="ignore"):  # reported below, naming the table
+            squared = float(np.dot(query, query))
+        if math.isfinite(squared):
+            return query / np.float32(math.sqrt(squared)) if squared > 0 else query
         if not np.all(np.isfinite(query)):
             raise StoreError(f"{self.uri}: query vector for table {table!r} contains NaN or inf")
-        norm = float(np.linalg.norm(query))
-        return query / norm if norm > 0 else query
+        wide = query.astype(np.float64)  # finite, but its squared norm overflowed float32
+        return (wide / np.linalg.norm(wide)).astype(np.float32)
 
     async def _search_lance(self, table: str, queries: np.ndarray, k: int, columns: Sequence[str] | None) -> list[pl.DataFrame]:
         """LanceDB's vector query (ANN, or its flat scan without an index) for every row of `queries`,
@@ -256,16 +262,16 @@ class LanceStore:
             return [empty for _ in queries]
         # One row of scores per query: one matrix product for the whole batch.
         scores = similarity_scores(queries, exact.columns)
-        tops = [_top_k_stable(row, min(k, n)) for row in scores]
+        tops = np.stack([_top_k_stable(row, min(k, n)) for row in scores])  # (queries, min(k, n))
         # One row read for the whole batch, converted once, then a zero-copy slice per query.
-        rows = await self._rows_by_id(table, exact.row_ids, np.concatenate(tops), columns)
-        similarity = np.concatenate([row[top] for row, top in zip(scores, tops)]).astype(np.float64)
+        rows = await self._rows_by_id(table, exact.row_ids, tops.ravel(), columns)
+        similarity = np.take_along_axis(scores, tops, axis=1).ravel().astype(np.float64)
         frame = pl.from_arrow(rows.append_column(SIMILARITY, pa.array(similarity)))
         assert isinstance(frame, pl.DataFrame)
         if len(tops) == 1:
             return [frame]
-        offsets = np.cumsum([0, *(len(top) for top in tops)])
-        return [frame.slice(int(start), int(end - start)) for start, end in zip(offsets[:-1], offsets[1:])]
+        width = tops.shape[1]
+        return [frame.slice(i * width, width) for i in range(len(tops))]
 
     async def _rows_by_id(self, table: str, all_ids: np.ndarray, picked: np.ndarray, columns: Sequence[str] | None) -> pa.Table:
         """Rows with row ids `all_ids[picked]` (`all_ids`: every row id of the table, ascending), in
@@ -336,14 +342,14 @@ class LanceStore:
         if columns is None or schema.VECTOR in columns:
             return None
         rows = await self._cached_rows(table)
-        if rows is None or not set(columns) <= set(rows.column_names):
+        if rows is None or any(rows.schema.get_field_index(c) < 0 for c in columns):
             return None
         # The cached rows are the same table version sorted by row id, so when they hold every row
         # the positions are the indices into `all_ids` themselves.
         if rows.num_rows == len(all_ids):
-            positions = pa.array(picked)
+            positions = picked
         else:
-            positions = pa.array(np.searchsorted(rows.column("_rowid").to_numpy(), all_ids[picked]))
+            positions = np.searchsorted(rows.column("_rowid").to_numpy(), all_ids[picked])
         return rows.select(list(columns)).take(positions)
 
     # ------------------------------------------------------------------ exact reads
