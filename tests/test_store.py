@@ -88,6 +88,20 @@ async def test_batched_search_leaves_the_blas_thread_setting_as_it_was(dulce_sto
     assert [f["id"].to_list() for f in batched] == [f["id"].to_list() for f in singles]
 
 
+def test_large_batches_are_scored_in_two_halves_with_the_same_result():
+    """A batch above the split size is scored half on a worker thread: the scores are those of one
+    product, in place, and an odd row count loses no column."""
+    from drift_lance._blas import SPLIT_MIN_MULTIPLY_ADDS, similarity_scores
+
+    rng = np.random.default_rng(11)
+    dim, rows = 256, SPLIT_MIN_MULTIPLY_ADDS // (256 * 8) + 1  # 8 queries: just over the split size
+    columns = np.ascontiguousarray(rng.standard_normal((dim, rows)).astype(np.float32))
+    queries = rng.standard_normal((8, dim)).astype(np.float32)
+    scores = similarity_scores(queries, columns)
+    assert scores.shape == (8, rows) and rows % 2 == 1
+    np.testing.assert_allclose(scores, queries @ columns, rtol=1e-5, atol=1e-3)
+
+
 async def test_exact_search_reads_the_same_rows_without_the_table_cache(dulce_db_uri):
     """With the table cache off, rows come from LanceDB's take (unordered) and are put back in score
     order; a batch whose queries share entities gets each row once per query."""
@@ -112,6 +126,21 @@ async def test_search_dimension_mismatch_names_both(dulce_store):
         await dulce_store.search("entities", np.ones(384, dtype=np.float32), 3)
     with pytest.raises(StoreError, match="no vector column"):
         await dulce_store.search("relationships", np.ones(3072), 3)
+
+
+async def test_query_vector_must_be_finite_and_scale_does_not_matter(dulce_store):
+    query = np.random.default_rng(5).standard_normal(3072).astype(np.float32)
+    for bad in (np.nan, np.inf, -np.inf):
+        broken = query.copy()
+        broken[17] = bad
+        with pytest.raises(StoreError, match="'entities' contains NaN or inf"):
+            await dulce_store.search("entities", broken, 3)
+    expected = await dulce_store.search("entities", query, 5, columns=["id"])
+    # 1e20 * query is finite, but its squared norm overflows float32: still a valid direction.
+    for scale in (1e-3, 1e20):
+        found = await dulce_store.search("entities", query * np.float32(scale), 5, columns=["id"])
+        assert found["id"].to_list() == expected["id"].to_list()
+        np.testing.assert_allclose(found["_similarity"].to_numpy(), expected["_similarity"].to_numpy(), atol=1e-5)
 
 
 async def test_unknown_table_is_a_store_error(dulce_store):
