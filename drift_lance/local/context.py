@@ -712,10 +712,13 @@ def _in_key_order(frame: pl.DataFrame, key: str, keys: Sequence[Any]) -> pl.Data
 
 
 def _entity_rows(selected: pl.DataFrame, cfg: LocalSearchConfig) -> Iterator[list[str]]:
-    for entity in selected.iter_rows(named=True):
-        row = [_short_id(entity["human_readable_id"]), entity["title"], _text(entity["description"])]
-        if cfg.include_entity_rank:
-            row.append(str(entity["degree"]))  # graphrag prints the rank as is ("None" when missing)
+    # Column lists, not iter_rows: that reads the frame's dtypes, and parsing the nested ones cost
+    # ~0.1 ms per build.
+    names = ["human_readable_id", "title", "description"] + (["degree"] if cfg.include_entity_rank else [])
+    for hrid, title, description, *degree in zip(*(selected[name].to_list() for name in names)):
+        row = [_short_id(hrid), title, _text(description)]
+        if degree:
+            row.append(str(degree[0]))  # graphrag prints the rank as is ("None" when missing)
         yield row
 
 
