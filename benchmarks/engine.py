@@ -21,6 +21,7 @@ from benchmarks._harness import Record, latency_summary, log, peak_rss_mb, recal
 K = 10
 SEED = 3
 QUERY_NOISE = 0.75  # query = entity vector + noise of this norm (cosine to the entity ~0.8)
+PAIRED_QUERIES_AT_SCALE = 100  # engine vs numpy alternating at 10^6 rows: numpy takes ~0.2 s a query
 
 
 def engine_dir(work: Path, rows: int, dim: int) -> Path:
@@ -86,20 +87,22 @@ def truth_case(db: str, out: str, queries: int) -> dict[str, Any]:
     return {"queries": len(qv)}
 
 
-def paired_numpy_case(db: str, data_dir: str, rounds: int = 3) -> dict[str, Any]:
-    """The exact path against numpy brute force on the same vectors and queries, alternating query by
-    query in one process, so host noise (this VM's matrix-vector time varies by +-20% between runs)
-    hits both alike. numpy: `matrix @ q` over the rows as LanceDB stores them, argpartition, sort."""
+def paired_numpy_case(db: str, data_dir: str, rounds: int = 3, queries: int | None = None,
+                      nprobes: int | None = None) -> dict[str, Any]:
+    """The engine's search against numpy brute force on the same vectors and queries, alternating
+    query by query in one process, so host noise (this VM's speed drifts by +-30% within minutes)
+    hits both alike. numpy: `matrix @ q` over the rows as LanceDB stores them, argpartition, sort.
+    `nprobes` as in `engine_search_case`."""
     from benchmarks.retrieval import alternating_p50_ms, numpy_top_k
     from drift_lance._lance_store import open_store
+    from drift_lance.config.ingest import SearchTuning, StoreConfig
 
-    qv = np.load(Path(data_dir) / "engine_queries.npy")
+    qv = np.load(Path(data_dir) / "engine_queries.npy")[:queries]
 
     async def run() -> dict[str, Any]:
-        store = await open_store(db)
+        store = await open_store(db, config=StoreConfig(search=SearchTuning(nprobes=nprobes)))
         try:
-            everything = await store.scan("entities", columns=["vector"])
-            matrix = np.stack(everything["vector"].to_numpy()).astype(np.float32)
+            _, matrix = await _entity_matrix(store)
 
             def numpy_search(q: np.ndarray) -> list[int]:
                 return numpy_top_k(matrix, q / np.linalg.norm(q), K)
@@ -107,7 +110,8 @@ def paired_numpy_case(db: str, data_dir: str, rounds: int = 3) -> dict[str, Any]
             async def engine_search(q: np.ndarray) -> list[int]:
                 return (await store.search("entities", q, K, columns=["human_readable_id"]))["human_readable_id"].to_list()
 
-            await engine_search(qv[0])  # loads the matrix
+            for q in qv[:5]:  # loads the exact matrix or the ANN index
+                await engine_search(q)
             numpy_p50, engine_p50, timed = await alternating_p50_ms(numpy_search, engine_search, qv, rounds)
         finally:
             await store.close()
@@ -117,16 +121,63 @@ def paired_numpy_case(db: str, data_dir: str, rounds: int = 3) -> dict[str, Any]
     return asyncio.run(run())
 
 
-def engine_search_case(db: str, data_dir: str, concurrency: int = 8) -> dict[str, Any]:
-    """`store.search("entities", q, 10)` exactly as the engine calls it."""
+async def _entity_matrix(store: Any) -> tuple[Any, np.ndarray]:
+    """The entities' ids and vectors (one float32 matrix) in table order, as ingest holds them; the
+    matrix is filled chunk by chunk (a combined copy of the vector column would double the peak: 6 GB
+    more at 10^6 x 1536)."""
+    import polars as pl
+
+    handle = await store._table("entities")
+    arrow = await handle.query().select(["id", "vector"]).with_row_id().to_arrow()
+    row_ids = arrow.column("_rowid").to_numpy()
+    if np.any(np.diff(row_ids.astype(np.int64)) < 0):
+        arrow = arrow.take(np.argsort(row_ids, kind="stable"))
+    ids = pl.Series("id", arrow.column("id").to_pylist())
+    dim = arrow.schema.field("vector").type.list_size
+    matrix = np.empty((arrow.num_rows, dim), dtype=np.float32)
+    start = 0
+    for chunk in arrow.column("vector").chunks:
+        matrix[start:start + len(chunk)] = chunk.flatten().to_numpy().reshape(len(chunk), dim)
+        start += len(chunk)
+    return ids, matrix
+
+
+def recalibrate_case(db: str, recall: float) -> dict[str, Any]:
+    """The probe count `drift-lance ingest --target-recall RECALL` would record for the entities
+    index: ingest's own calibration (same seeded sample queries, same unit rows in table order) re-run
+    on the index already built, so a second recall target needs no second ingest."""
     from drift_lance._lance_store import open_store
+    from drift_lance.config.ingest import IngestConfig
+    from ingest.calibrate import calibrate_probes
+
+    async def run() -> dict[str, Any]:
+        store = await open_store(db)
+        try:
+            ids, matrix = await _entity_matrix(store)
+            calibration = await calibrate_probes(await store._table("entities"), store.manifest.tables["entities"],
+                                                 matrix, ids, target=recall,
+                                                 queries=IngestConfig().calibration_queries, tuning=store.config.search)
+        finally:
+            await store.close()
+        if calibration is None:
+            raise RuntimeError(f"{db}: table 'entities' has no partitioned ANN index to calibrate")
+        return calibration.model_dump()
+
+    return asyncio.run(run())
+
+
+def engine_search_case(db: str, data_dir: str, concurrency: int = 8, nprobes: int | None = None) -> dict[str, Any]:
+    """`store.search("entities", q, 10)` exactly as the engine calls it (with `nprobes`: as a store
+    configured with `search.nprobes`)."""
+    from drift_lance._lance_store import open_store
+    from drift_lance.config.ingest import SearchTuning, StoreConfig
 
     qv = np.load(Path(data_dir) / "engine_queries.npy")
     truth = np.load(Path(data_dir) / "engine_truth.npy")
 
     async def run() -> dict[str, Any]:
         started = time.perf_counter()
-        store = await open_store(db)
+        store = await open_store(db, config=StoreConfig(search=SearchTuning(nprobes=nprobes)))
         open_s = time.perf_counter() - started
         try:
             async def search(q: np.ndarray) -> list[int]:
@@ -263,16 +314,36 @@ def run_ingest_benchmark(rows: int, dim: int, out: Path, work: Path) -> Record:
     return _ingest_record(rows, dim, meta["ingest"], {})
 
 
-def run_engine_retrieval(rows: int, dim: int, out: Path, work: Path) -> list[Record]:
+def run_engine_retrieval(rows: int, dim: int, out: Path, work: Path, *, recall_bar: float) -> list[Record]:
+    """The engine's search as ingested (the shipped recall target) and, for an ANN index, also
+    calibrated to `recall_bar` (the issue's bar): method `engine_target_<bar>`."""
     meta = ensure_ingested(rows, dim, work, out)
     log(f"  engine store.search on {rows:,} ingested entities x {dim}")
-    case = run_case("benchmarks.engine:engine_search_case", db=meta["db"], data_dir=meta["dir"])
-    if not case["index_type"]:  # the exact path: also timed against numpy, query by query
-        log("  engine exact path vs numpy brute force, alternating on the same vectors")
-        paired = run_case("benchmarks.engine:paired_numpy_case", db=meta["db"], data_dir=meta["dir"])
-        case |= {k: v for k, v in paired.items() if k.startswith("paired_")}  # not its peak RSS
-    record = Record(
-        benchmark="retrieval", rows=rows, dim=dim, method="engine",
+    case = _engine_case(meta, rows)
+    records = [_engine_record(rows, dim, "engine", case, meta)]
+    if case["index_type"]:
+        log(f"  engine calibrated to recall {recall_bar} (ingest's calibration re-run on the same index)")
+        calibration = run_case("benchmarks.engine:recalibrate_case", db=meta["db"], recall=recall_bar)
+        at_bar = _engine_case(meta, rows, nprobes=calibration["nprobes"])
+        at_bar["probing"]["calibration"] = {k: v for k, v in calibration.items() if k not in ("peak_rss_mb", "wall_s")}
+        records.append(_engine_record(rows, dim, f"engine_target_{recall_bar}", at_bar, meta))
+    write_records(out, "retrieval", records)
+    return records
+
+
+def _engine_case(meta: dict[str, Any], rows: int, nprobes: int | None = None) -> dict[str, Any]:
+    """The engine's search timed alone, then alternating with numpy query by query (fewer queries
+    at 10^6 rows, where numpy takes ~0.2 s each)."""
+    case = run_case("benchmarks.engine:engine_search_case", db=meta["db"], data_dir=meta["dir"], nprobes=nprobes)
+    log("  ... and alternating with numpy brute force on the same vectors")
+    paired = run_case("benchmarks.engine:paired_numpy_case", db=meta["db"], data_dir=meta["dir"], nprobes=nprobes,
+                      **({"rounds": 1, "queries": PAIRED_QUERIES_AT_SCALE} if rows >= 1_000_000 else {}))
+    return case | {k: v for k, v in paired.items() if k.startswith("paired_")}  # not its peak RSS
+
+
+def _engine_record(rows: int, dim: int, method: str, case: dict[str, Any], meta: dict[str, Any]) -> Record:
+    return Record(
+        benchmark="retrieval", rows=rows, dim=dim, method=method,
         p50_ms=case["p50_ms"], p95_ms=case["p95_ms"], p99_ms=case["p99_ms"], qps=case["qps"],
         qps_concurrent=case["qps_concurrent"], concurrency=8, recall_at_10=case["recall_at_10"],
         peak_rss_mb=case["peak_rss_mb"], queries=case["queries"], index_type=case["index_type"] or "exact",
@@ -286,8 +357,6 @@ def run_engine_retrieval(rows: int, dim: int, out: Path, work: Path) -> list[Rec
                "data": "ingest.synthetic entities; queries = noisy copies of random entities",
                **{k: v for k, v in case.items() if k.startswith("paired_")}},
     )
-    write_records(out, "retrieval", [record])
-    return [record]
 
 
 def run_startup(rows: int, dim: int, out: Path, work: Path) -> Record:

@@ -74,7 +74,8 @@ def _retrieval_section(out: Path) -> str:
     if not records:
         return ""
     numpy_p50 = {(r["rows"], r["dim"]): r["p50_ms"] for r in records if r["method"] == "numpy_exact"}
-    order = {"engine": 0, "lancedb_ann": 1, "lancedb_flat": 2, "numpy_exact": 3, "graphrag_vector_store": 4}
+    order = {"engine": 0, f"engine_target_{RECALL_TARGET}": 1, "lancedb_ann": 2, "lancedb_flat": 3, "numpy_exact": 4,
+             "graphrag_vector_store": 5}
     rows = []
     for r in sorted(records, key=lambda r: (r["dim"], r["rows"], order.get(r["method"], 9))):
         base = numpy_p50.get((r["rows"], r["dim"]))

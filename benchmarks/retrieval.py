@@ -444,7 +444,7 @@ def run_retrieval(rows: int, dim: int, queries: int, out: Path, work: Path, *,
     if "engine" in methods:
         from benchmarks import engine
 
-        records += engine.run_engine_retrieval(rows, dim, out, work)
+        records += engine.run_engine_retrieval(rows, dim, out, work, recall_bar=RECALL_TARGET)
     return records
 
 

@@ -106,14 +106,35 @@ def test_quick_run_renders_markdown_and_png_plots(quick_results):
         assert heading in text
     assert "numpy_exact" in text and "Machine: " in text
     # The side-by-side table: one row for the quick size, a p50 for every method that ran.
-    side_by_side = re.search(r"\| rows x dim \| engine \|.*?\n\|---.*?\n(\| 2,000 x 64 \|.*)\n", text)
+    side_by_side = re.search(r"(\| rows x dim \| engine \|.*?)\n\|---.*?\n(\| 2,000 x 64 \|.*)\n", text)
     assert side_by_side
-    engine, ann, flat, numpy_exact = (cell.strip() for cell in side_by_side.group(1).split("|")[2:6])
-    assert "-" not in (engine, ann, flat, numpy_exact) and float(numpy_exact) > 0
+    header, row = ([cell.strip() for cell in line.split("|")[1:-1]] for line in side_by_side.groups())
+    cells = dict(zip(header, row))
+    assert all(cells[m] != "-" for m in ("engine", "lancedb_ann", "lancedb_flat", "numpy_exact"))
+    assert float(cells["numpy_exact"]) > 0
+    assert cells["engine_target_0.95"] == "-"  # the quick engine table is searched exactly: nothing to calibrate
     plots = sorted(quick_results.glob("*.png"))
     assert {p.name for p in plots} >= {"retrieval_scaling.png", "recall_latency_2000x64.png"}
     for plot in plots:
         assert plot.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_recalibration_finds_what_ingest_recorded_for_that_target(tmp_path):
+    """The engine benchmark's second recall target re-runs ingest's calibration on the built index
+    instead of ingesting again: for ingest's own target it must find exactly what ingest recorded
+    (same sample queries, same rows in the same order: the recall matches to the 4th decimal)."""
+    import ingest
+    from benchmarks.engine import recalibrate_case
+    from drift_lance.config.ingest import IngestConfig
+    from ingest.synthetic import generate_index
+
+    src = generate_index(tmp_path / "src", n_entities=3000, dim=32, seed=5)
+    db = str(tmp_path / "db")
+    report = ingest.ingest(src, db, config=IngestConfig(ann_min_rows=2000, target_recall=0.9), progress=False)
+    recorded = report.manifest.tables["entities"].calibration
+    again = recalibrate_case(db, 0.9)
+    assert (again["nprobes"], again["recall_at_10"]) == (recorded.nprobes, recorded.recall_at_10)
+    assert again["target_recall"] == 0.9 and again["queries"] == recorded.queries
 
 
 def test_bad_arguments_exit_2_naming_the_option():
