@@ -122,10 +122,12 @@ def paired_numpy_case(db: str, data_dir: str, rounds: int = 3, queries: int | No
 
 
 async def _entity_matrix(store: Any) -> tuple[Any, np.ndarray]:
-    """The entities' ids and vectors (one float32 matrix) in table order, as ingest holds them; the
-    matrix is filled chunk by chunk (a combined copy of the vector column would double the peak: 6 GB
-    more at 10^6 x 1536)."""
+    """The entities' ids and unit vectors (one float32 matrix) in table order, read back the way
+    ingest reads them before calibrating (`vectors_to_matrix`: chunk by chunk into one matrix, so the
+    column never exists twice in memory: 6 GB at 10^6 x 1536)."""
     import polars as pl
+
+    from ingest.embeddings import vectors_to_matrix
 
     handle = await store._table("entities")
     arrow = await handle.query().select(["id", "vector"]).with_row_id().to_arrow()
@@ -133,13 +135,7 @@ async def _entity_matrix(store: Any) -> tuple[Any, np.ndarray]:
     if np.any(np.diff(row_ids.astype(np.int64)) < 0):
         arrow = arrow.take(np.argsort(row_ids, kind="stable"))
     ids = pl.Series("id", arrow.column("id").to_pylist())
-    dim = arrow.schema.field("vector").type.list_size
-    matrix = np.empty((arrow.num_rows, dim), dtype=np.float32)
-    start = 0
-    for chunk in arrow.column("vector").chunks:
-        matrix[start:start + len(chunk)] = chunk.flatten().to_numpy().reshape(len(chunk), dim)
-        start += len(chunk)
-    return ids, matrix
+    return ids, vectors_to_matrix(arrow.column("vector"), f"{store.uri}: table 'entities' column 'vector'")
 
 
 def recalibrate_case(db: str, recall: float) -> dict[str, Any]:
