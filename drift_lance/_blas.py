@@ -35,10 +35,11 @@ def similarity_scores(queries: np.ndarray, columns: np.ndarray) -> np.ndarray:
     # under each other (they would compete for the same cores anyway).
     with _LIMIT_LOCK, _controller().limit(limits=1, user_api="blas"):
         work = queries.shape[0] * columns.shape[0] * columns.shape[1]
-        if work < SPLIT_MIN_MULTIPLY_ADDS or _worker() is None:
+        worker = _worker()
+        if work < SPLIT_MIN_MULTIPLY_ADDS or worker is None:
             return queries @ columns
         half = columns.shape[1] // 2
-        other = _worker().submit(np.matmul, queries, columns[:, half:])
+        other = worker.submit(np.matmul, queries, columns[:, half:])
         first = queries @ columns[:, :half]
         return np.concatenate([first, other.result()], axis=1)
 
