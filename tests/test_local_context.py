@@ -149,6 +149,23 @@ async def test_prefetched_rows_answer_only_what_they_cover(dulce_store):
     assert await ids(covered[:1], columns=("id", "description")) == await from_store(covered[:1])  # a column not covered
 
 
+async def test_prefetched_picks_are_the_store_rows_with_their_types(dulce_store):
+    """A pick out of prefetched rows is the frame the store returns for the same keys: same column
+    names, order and types (lists, floats, nulls included), same rows in table order."""
+    from drift_lance.local import CandidateRows
+
+    columns = ["id", "source", "weight", "description", "text_unit_ids"]
+    sources = (await dulce_store.scan("relationships", columns=["source"]))["source"].unique(maintain_order=True).to_list()
+    prefetched = await dulce_store.fetch("relationships", "source", sources[:8], columns=columns)
+    rows = CandidateRows(dulce_store, {("relationships", "source"): prefetched}, {("relationships", "source"): sources[:8]})
+    for wanted in (sources[2:5], sources[:1], sources[7:8] + sources[:2]):
+        picked = await rows.fetch("relationships", "source", wanted, columns=columns[::-1])
+        stored = await dulce_store.fetch("relationships", "source", wanted, columns=columns[::-1])
+        assert picked.schema == stored.schema
+        assert picked.sort("id").equals(stored.sort("id"))
+    assert (await rows.fetch("relationships", "source", ["no such title"], columns=columns)).height == 0
+
+
 async def test_prefetched_relationships_touching_titles(dulce_store):
     """The relationships a build ranks (source or target among its titles, each once, by
     human_readable_id) come out of the prefetch's merged rows exactly as the store gives them, and
