@@ -88,6 +88,27 @@ async def test_batched_search_leaves_the_blas_thread_setting_as_it_was(dulce_sto
     assert [f["id"].to_list() for f in batched] == [f["id"].to_list() for f in singles]
 
 
+def test_small_single_queries_are_scored_on_one_blas_thread_with_the_same_result():
+    """A single query over a small table (DRIFT's primer over its reports) is scored with BLAS held
+    to one thread, so OpenBLAS's helper does not spin after it; the scores and the process's
+    thread setting are those of a plain product."""
+    from threadpoolctl import threadpool_info
+
+    from drift_lance._blas import HELPER_MIN_MULTIPLY_ADDS, similarity_scores
+
+    def blas_threads():
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    rng = np.random.default_rng(12)
+    for rows in (HELPER_MIN_MULTIPLY_ADDS // 1536 - 1, HELPER_MIN_MULTIPLY_ADDS // 1536 + 1):  # either side
+        columns = np.ascontiguousarray(rng.standard_normal((1536, rows)).astype(np.float32))
+        query = rng.standard_normal((1, 1536)).astype(np.float32)
+        before = blas_threads()
+        scores = similarity_scores(query, columns)
+        assert blas_threads() == before
+        np.testing.assert_allclose(scores, query @ columns, rtol=1e-5, atol=1e-3)
+
+
 def test_large_batches_are_scored_in_two_halves_with_the_same_result():
     """A batch above the split size is scored half on a worker thread: the scores are those of one
     product, in place, and an odd row count loses no column."""
