@@ -212,6 +212,33 @@ async def test_fetch_exact_lookups(dulce_store, dulce_dir):
     await store.close()
 
 
+async def test_fetch_from_the_table_cache_equals_lancedb(dulce_db_uri):
+    """A lookup answered from the table cache (rows kept in memory) is the frame LanceDB's own
+    query returns: same columns and types, same rows in table order, for string, integer and float
+    keys (the last without a key index), lists and nulls included."""
+    lookups = [
+        ("relationships", "source", None, ["id", "source", "weight", "text_unit_ids", "description"]),
+        ("entities", "human_readable_id", [5, 1, 30, 1, 999], ["title", "human_readable_id", "community_ids"]),
+        ("community_reports", "rank", None, ["community", "rank", "title"]),
+    ]
+    frames = []
+    for config in (StoreConfig(), StoreConfig(table_cache_bytes=0)):
+        store = await open_store(dulce_db_uri, config=config)
+        try:
+            found = []
+            for table, key, values, columns in lookups:
+                if values is None:  # a few values that exist, in scrambled order
+                    present = (await store.scan(table, columns=[key]))[key].unique(maintain_order=True).to_list()
+                    values = present[3:0:-1] + present[-1:]
+                found.append(await store.fetch(table, key, values, columns=columns))
+            frames.append(found)
+        finally:
+            await store.close()
+    for cached, uncached in zip(*frames):
+        assert cached.height > 0 and cached.schema == uncached.schema
+        assert cached.equals(uncached)
+
+
 def test_sql_literal_quotes_safely():
     assert sql_literal("O'Neil") == "'O''Neil'"
     assert sql_literal(3) == "3"
