@@ -101,15 +101,50 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
     from drift_lance.config.drift import DRIFTSearchConfig
     from drift_lance.config.models import ModelSettings
     from drift_lance.drift import DriftCallbacks, open_drift_search
+    from drift_lance.models import get_chat_model
 
     delay = latency_ms / 1000.0
 
-    class EpochSizes(DriftCallbacks):
+    class EpochClock(DriftCallbacks):
+        """Each epoch's size and start, and when the reduce starts (the end of the last epoch)."""
+
         def __init__(self) -> None:
             self.sizes: list[int] = []
+            self.starts: list[float] = []
+            self.reduce_start = math.inf
 
         def on_epoch_start(self, epoch: int, actions: list[Any]) -> None:
             self.sizes.append(len(actions))
+            self.starts.append(time.perf_counter())
+
+        def on_reduce_start(self, state: Any) -> None:
+            self.reduce_start = time.perf_counter()
+
+        def dispatch_s(self, call_starts: list[float]) -> list[float]:
+            """Per epoch: from its start to the start of its last LLM call, the engine work (query
+            embedding, entity search, row lookups, context builds, requests) that precedes the
+            epoch's last answer. Less noisy than wall time: no LLM latency or tail in it."""
+            bounds = [*self.starts[1:], self.reduce_start]
+            spans = []
+            for start, end in zip(self.starts, bounds):
+                inside = [t for t in call_starts if start <= t < end]
+                if inside:
+                    spans.append(max(inside) - start)
+            return spans
+
+    class CallClock:
+        """The chat model, with the start time of every call."""
+
+        def __init__(self, model: Any) -> None:
+            self.model = model
+            self.starts: list[float] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.model, name)
+
+        async def complete(self, messages: Any, **kwargs: Any) -> Any:
+            self.starts.append(time.perf_counter())
+            return await self.model.complete(messages, **kwargs)
 
     async def run(server: Any) -> dict[str, Any]:
         settings = ModelSettings(chat_backend="openai", embedding_backend="openai", chat_model="bench-chat",
@@ -117,11 +152,14 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
                                  api_key="sk-bench",
                                  request_timeout=30.0, max_retries=0)
         config = DRIFTSearchConfig(seed=0)
-        search = await open_drift_search(db, config=config, model_settings=settings)
+        chat = CallClock(get_chat_model(settings))
+        search = await open_drift_search(db, config=config, model_settings=settings, chat_model=chat)
         walls, cpus, loop_cpus, bounds, calls, prompt_tokens, output_tokens, categories = [], [], [], [], [], [], [], {}
+        dispatches: list[float] = []
         try:
             for i in range(queries + 1):  # query 0 warms the store, index and HTTP pool: not counted
-                epochs = EpochSizes()
+                epochs = EpochClock()
+                chat.starts.clear()
                 started, cpu_started, loop_started = time.perf_counter(), time.process_time(), time.thread_time()
                 result = await search.search(f"What are the main themes of community {i}?", callbacks=[epochs])
                 wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
@@ -132,6 +170,7 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
                 rounds = (cats.get("build_context", 0) + math.ceil(cats.get("primer", 0) / config.concurrency)
                           + sum(math.ceil(n / config.concurrency) for n in epochs.sizes) + cats.get("reduce", 0))
                 walls.append(wall)
+                dispatches.extend(epochs.dispatch_s(chat.starts))
                 cpus.append(cpu)
                 loop_cpus.append(loop_cpu)
                 bounds.append(rounds * delay)
@@ -141,6 +180,7 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
                 categories = {"llm_calls_by_stage": cats, "epoch_sizes": epochs.sizes, "rounds": rounds}
         finally:
             await search.close()
+            await chat.model.aclose()
         mean_wall = sum(walls) / len(walls)
         mean_bound = sum(bounds) / len(bounds)
         return {
@@ -150,6 +190,7 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
             "engine_cpu_ms": 1000 * sum(cpus) / len(cpus),  # every thread of the engine's process
             # the event loop's thread alone: the work that sits on the critical path, less noisy than wall time
             "engine_loop_cpu_ms": 1000 * sum(loop_cpus) / len(loop_cpus),
+            "epoch_dispatch_ms": 1000 * sum(dispatches) / len(dispatches) if dispatches else None,
             "llm_calls": sum(calls) / len(calls), "prompt_tokens": sum(prompt_tokens) / len(prompt_tokens),
             "output_tokens": sum(output_tokens) / len(output_tokens),
             "config": {"n_depth": config.n_depth, "drift_k_followups": config.drift_k_followups,
@@ -174,7 +215,7 @@ def run_drift(latency_ms: float, queries: int, rows: int, dim: int, out: Path, w
         p50_ms=case["p50_ms"], p95_ms=case["p95_ms"], p99_ms=case["p99_ms"], peak_rss_mb=case["peak_rss_mb"],
         queries=case["queries"], params={"latency_ms": latency_ms, **case["config"]},
         extra={k: case[k] for k in ("mean_wall_ms", "critical_path_ms", "overhead_ms", "overhead_pct", "llm_calls", "prompt_tokens",
-                                    "output_tokens", "max_concurrent_llm", "engine_cpu_ms", "engine_loop_cpu_ms", "llm_server_cpu_ms", "epoch_sizes", "rounds",
+                                    "output_tokens", "max_concurrent_llm", "engine_cpu_ms", "engine_loop_cpu_ms", "epoch_dispatch_ms", "llm_server_cpu_ms", "epoch_sizes", "rounds",
                                     "llm_calls_by_stage")}
         | {"latency_ms": latency_ms},
     )

@@ -159,7 +159,8 @@ def _drift_section(out: Path) -> str:
     return _simple_section(out, "drift", "End-to-end DRIFT (fake OpenAI server on 127.0.0.1)", [
         ("rows", "entities"), ("dim", "dim"), ("method", "method"), ("latency_ms", "LLM latency ms"),
         ("p50_ms", "wall p50 ms"), ("critical_path_ms", "critical path ms"), ("overhead_ms", "overhead ms"),
-        ("overhead_pct", "overhead %"), ("llm_calls", "LLM calls/query"),
+        ("overhead_pct", "overhead %"), ("engine_loop_cpu_ms", "loop CPU ms/query"),
+        ("epoch_dispatch_ms", "epoch dispatch ms"), ("llm_calls", "LLM calls/query"),
         ("prompt_tokens", "prompt tokens/query"), ("output_tokens", "output tokens/query"),
         ("peak_rss_mb", "peak RSS MB")])
 

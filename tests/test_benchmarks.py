@@ -86,6 +86,8 @@ def test_quick_drift_ingest_and_startup_records_are_consistent(quick_results):
     assert extra["critical_path_ms"] <= extra["mean_wall_ms"]  # a lower bound is never above the wall time
     assert extra["overhead_pct"] < 100 and extra["prompt_tokens"] > 0
     assert extra["overhead_ms"] == pytest.approx(extra["mean_wall_ms"] - extra["critical_path_ms"], abs=0.01)
+    # each epoch's engine work before its last LLM call: some, and less than a whole query
+    assert 0 < extra["epoch_dispatch_ms"] < extra["mean_wall_ms"]
     ingests = load_records(quick_results, "ingest")  # the explicit ingest plus the engine retrieval's
     assert {r["rows"] for r in ingests} == {QUICK["entities"], QUICK["rows"]}
     for ingest in ingests:
