@@ -34,7 +34,7 @@ def rows_at(frame: pl.DataFrame, positions: Iterable[int] | np.ndarray, columns:
     Series-level one a few us, and the several picks of each local-context build add up."""
     names = frame.columns if columns is None else columns
     if not names:
-        return frame
+        return frame.select([])
     values = positions.tolist() if isinstance(positions, np.ndarray) else list(positions)
     index = pl.Series(values=values, dtype=pl.get_index_type())
     return pl.DataFrame([frame.get_column(name)[index] for name in names])
