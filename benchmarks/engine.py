@@ -110,7 +110,7 @@ def paired_numpy_case(db: str, data_dir: str, rounds: int = 3, queries: int | No
             async def engine_search(q: np.ndarray) -> list[int]:
                 return (await store.search("entities", q, K, columns=["human_readable_id"]))["human_readable_id"].to_list()
 
-            for q in qv:  # loads the exact matrix or the ANN index, and warms the page cache (see above)
+            for q in qv:  # loads the exact matrix or the ANN index and warms the page cache (see engine_search_case)
                 await engine_search(q)
             numpy_p50, engine_p50, timed = await alternating_p50_ms(numpy_search, engine_search, qv, rounds)
         finally:

@@ -330,9 +330,8 @@ class LanceStore:
                 self._not_cached.add(table)
                 return None
             names = [n for n in (await handle.schema()).names if n != schema.VECTOR]
-            # One chunk, in row-id (= table) order: per-query filters and takes then yield one small
-            # batch, not one per LanceDB read batch (pl.from_arrow of ~20 mostly empty chunks cost
-            # ~2 ms per lookup), and row ids are found by binary search.
+            # One chunk per column, in row-id (= table) order: a pick gathers from one contiguous
+            # array, not from one chunk per LanceDB read batch, and row ids are found by binary search.
             arrow = (await handle.query().select(names).with_row_id().to_arrow()).sort_by("_rowid").combine_chunks()
             rows = pl.from_arrow(arrow)
             assert isinstance(rows, pl.DataFrame)
