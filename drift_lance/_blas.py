@@ -14,12 +14,13 @@ does not: the helper saves ~40 us and then spins ~0.1 s, which measured 116 ms o
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from drift_lance._cores import usable_cores
 
 __all__ = ["similarity_scores"]
 
@@ -60,5 +61,4 @@ def _controller() -> Any:
 @functools.cache
 def _worker() -> ThreadPoolExecutor | None:
     """One helper thread for the second half of large batches; none on a single-core machine."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="drift-lance-blas") if cores > 1 else None
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="drift-lance-blas") if usable_cores() > 1 else None

@@ -345,3 +345,23 @@ def test_lancedb_rest_client_loads_on_first_use_only():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("explicit", [None, "1"])
+def test_lance_compute_pool_gets_every_core_unless_set(explicit):
+    # Lance keeps two cores for IO by default (one compute thread on a 2-core machine, where a DRIFT
+    # epoch's ANN queries then queue); the store gives it every usable core, and a user's own
+    # LANCE_CPU_THREADS wins.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LANCE_CPU_THREADS"}
+    if explicit is not None:
+        env["LANCE_CPU_THREADS"] = explicit
+    code = "import os, drift_lance._lance_store; print(os.environ['LANCE_CPU_THREADS'])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    expected = explicit or str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    assert proc.stdout.strip() == expected
