@@ -20,7 +20,6 @@ from benchmarks._harness import Record, latency_summary, log, peak_rss_mb, recal
 
 K = 10
 SEED = 3
-QUERY_NOISE = 0.75  # query = entity vector + noise of this norm (cosine to the entity ~0.8)
 PAIRED_QUERIES_AT_SCALE = 100  # engine vs numpy alternating at 10^6 rows: numpy takes ~0.2 s a query
 TIMED_QUERIES = 100  # the engine's latency is timed over the first this many queries
 # ... and its recall measured over this many (an untimed pass): over 100 queries recall@10 moves by
@@ -90,14 +89,12 @@ def truth_case(db: str, out: str, queries: int, recall_queries: int = RECALL_QUE
 
 
 def _noisy_entity_queries(dataset: Any, rng: np.random.Generator, count: int) -> np.ndarray:
-    """`count` unit queries, each a random entity's vector plus noise of norm QUERY_NOISE."""
+    """`count` unit queries near random entities, as ingest's calibration draws them."""
+    from ingest.calibrate import queries_near
+
     picks = np.sort(rng.choice(dataset.count_rows(), size=count, replace=False))
     base = dataset.take(picks.tolist(), columns=["vector"]).column("vector").combine_chunks()
-    base = base.values.to_numpy().reshape(-1, base.type.list_size)
-    noise = rng.standard_normal(base.shape).astype(np.float32)
-    noise *= QUERY_NOISE / np.linalg.norm(noise, axis=1, keepdims=True)
-    qv = base + noise
-    return (qv / np.linalg.norm(qv, axis=1, keepdims=True)).astype(np.float32)
+    return queries_near(base.values.to_numpy().reshape(-1, base.type.list_size), rng)
 
 
 def paired_numpy_case(db: str, data_dir: str, rounds: int = 3, queries: int | None = None,

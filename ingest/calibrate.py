@@ -56,7 +56,12 @@ def probe_ladder(num_partitions: int, floor: int = 1) -> list[int]:
 def sample_queries(matrix: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """`n` random rows of the unit-row `matrix`, each moved to cosine ~0.8 by random noise."""
     picks = rng.choice(matrix.shape[0], size=min(n, matrix.shape[0]), replace=False)
-    base = matrix[np.sort(picks)].astype(np.float32)
+    return queries_near(matrix[np.sort(picks)], rng)
+
+
+def queries_near(rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Unit queries, one per unit row of `rows`, each the row plus random noise of norm QUERY_NOISE."""
+    base = rows.astype(np.float32)
     noise = rng.standard_normal(base.shape).astype(np.float32)
     noise *= QUERY_NOISE / np.linalg.norm(noise, axis=1, keepdims=True)
     queries = base + noise

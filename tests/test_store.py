@@ -356,6 +356,8 @@ def test_lance_compute_pool_gets_every_core_unless_set(explicit):
     import subprocess
     import sys
 
+    from drift_lance._cores import usable_cores
+
     env = {k: v for k, v in os.environ.items() if k != "LANCE_CPU_THREADS"}
     if explicit is not None:
         env["LANCE_CPU_THREADS"] = explicit
@@ -363,5 +365,4 @@ def test_lance_compute_pool_gets_every_core_unless_set(explicit):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=env, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr
-    expected = explicit or str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-    assert proc.stdout.strip() == expected
+    assert proc.stdout.strip() == (explicit or str(usable_cores()))
