@@ -83,7 +83,7 @@ class DRIFTSearchConfig(BaseModel):
         ge=1,
         description="Follow-up local contexts built at once. Building is mostly CPU: built together they all "
         "finish late and every follow-up call leaves late; built two at a time, each call leaves as soon "
-        "as its context is ready (README, Benchmarks: DRIFT overhead).",
+        "as its context is ready (benchmarks/FINDINGS.md, DRIFT overhead).",
     )
     llm_timeout: float | None = Field(
         None,
