@@ -100,6 +100,7 @@ def _serve(dim: int, delay_s: float) -> None:
 def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, Any]:
     from drift_lance.config.drift import DRIFTSearchConfig
     from drift_lance.config.models import ModelSettings
+    from drift_lance import freeze_long_lived_objects
     from drift_lance.drift import DriftCallbacks, open_drift_search
     from drift_lance.models import get_chat_model
 
@@ -154,6 +155,7 @@ def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, 
         config = DRIFTSearchConfig(seed=0)
         chat = CallClock(get_chat_model(settings))
         search = await open_drift_search(db, config=config, model_settings=settings, chat_model=chat)
+        freeze_long_lived_objects()  # as `drift-lance serve` and `drift-lance query` do once open
         walls, cpus, loop_cpus, bounds, calls, prompt_tokens, output_tokens, categories = [], [], [], [], [], [], [], {}
         dispatches: list[float] = []
         try:

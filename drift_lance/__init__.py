@@ -36,6 +36,7 @@ _EXPORTS = {
     "get_chat_model": "drift_lance.models",
     "get_embedder": "drift_lance.models",
     "get_tokenizer": "drift_lance.models",
+    "freeze_long_lived_objects": "drift_lance._gc",
     # errors
     "DriftLanceError": "drift_lance.errors",
     "ConfigError": "drift_lance.errors",

@@ -60,6 +60,14 @@ def test_query_json_with_set_and_graph_export(server, dulce_db_uri, tmp_path, ca
     assert graph.number_of_nodes() == 4 and graph.nodes["0"]["query"] == QUERY
 
 
+def test_query_exempts_start_up_objects_from_garbage_collection(server, dulce_db_uri, capsys, unfrozen_gc):
+    import gc
+
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--json", "--set", "n_depth=1", "--set", "primer_folds=1"]) == 0
+    assert json.loads(capsys.readouterr().out)["response"] == FINAL
+    assert gc.get_freeze_count() > 10_000
+
+
 def test_query_prints_answer_then_stage_table_and_streams(server, dulce_db_uri, capsys):
     assert main(["query", QUERY, "--db", dulce_db_uri, "--set", "drift_k_followups=1", "--set", "n_depth=1",
                  "--set", "primer_folds=1"]) == 0

@@ -105,6 +105,7 @@ def _is_graphrag_settings(data: dict[str, Any]) -> bool:
 
 
 async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str) -> SearchResult:
+    from drift_lance._gc import freeze_long_lived_objects
     from drift_lance._lance_store import open_store
     from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.models import get_chat_model, get_embedder
@@ -116,6 +117,7 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
         # Loading model weights (embedded defaults) must not block the event loop.
         chat = await asyncio.to_thread(get_chat_model, settings.models)
         embedder = await asyncio.to_thread(get_embedder, settings.models)
+        freeze_long_lived_objects()  # no 0.1 s full collection of start-up objects mid-query
         if args.method == "local":
             from drift_lance.local import LocalContextBuilder, LocalSearch
             from drift_lance.models.tokens import get_tokenizer

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from drift_lance._gc import freeze_long_lived_objects
 from drift_lance.config.settings import Settings
 from drift_lance.drift.action import DriftAction
 from drift_lance.drift.callbacks import DriftCallbacks
@@ -68,6 +69,7 @@ class EngineBackend:
             self._embedder = await asyncio.to_thread(get_embedder, self.settings.models)
             self._built_models.append(self._embedder)
         self._models_ready = True
+        freeze_long_lived_objects()  # no 0.1 s full collections of start-up objects mid-search
 
     async def _open_store(self, generation: int | None, previous: Any) -> Any:
         from drift_lance._lance_store import open_store
