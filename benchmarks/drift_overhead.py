@@ -98,9 +98,9 @@ def _serve(dim: int, delay_s: float) -> None:
 
 
 def drift_case(db: str, dim: int, latency_ms: float, queries: int) -> dict[str, Any]:
+    from drift_lance import freeze_long_lived_objects
     from drift_lance.config.drift import DRIFTSearchConfig
     from drift_lance.config.models import ModelSettings
-    from drift_lance import freeze_long_lived_objects
     from drift_lance.drift import DriftCallbacks, open_drift_search
     from drift_lance.models import get_chat_model
 

@@ -67,10 +67,10 @@ def truth_case(db: str, out: str, queries: int, recall_queries: int = RECALL_QUE
 
     dataset = lancedb.connect(db).open_table("entities").to_lance()
     n = dataset.count_rows()
-    qv = _noisy_entity_queries(dataset, np.random.default_rng(SEED), min(queries, n))
+    qv = _noisy_entity_queries(dataset, n, np.random.default_rng(SEED), min(queries, n))
     extra = min(recall_queries, n) - len(qv)
     if extra > 0:
-        qv = np.concatenate([qv, _noisy_entity_queries(dataset, np.random.default_rng(SEED + 1), extra)])
+        qv = np.concatenate([qv, _noisy_entity_queries(dataset, n, np.random.default_rng(SEED + 1), extra)])
     dim = qv.shape[1]
     best_scores = np.full((len(qv), 0), -np.inf, dtype=np.float32)
     best_ids = np.zeros((len(qv), 0), dtype=np.int64)
@@ -88,11 +88,12 @@ def truth_case(db: str, out: str, queries: int, recall_queries: int = RECALL_QUE
     return {"queries": len(qv)}
 
 
-def _noisy_entity_queries(dataset: Any, rng: np.random.Generator, count: int) -> np.ndarray:
-    """`count` unit queries near random entities, as ingest's calibration draws them."""
+def _noisy_entity_queries(dataset: Any, rows: int, rng: np.random.Generator, count: int) -> np.ndarray:
+    """`count` unit queries near random entities of the `rows`-row dataset, as ingest's calibration
+    draws them."""
     from ingest.calibrate import queries_near
 
-    picks = np.sort(rng.choice(dataset.count_rows(), size=count, replace=False))
+    picks = np.sort(rng.choice(rows, size=count, replace=False))
     base = dataset.take(picks.tolist(), columns=["vector"]).column("vector").combine_chunks()
     return queries_near(base.values.to_numpy().reshape(-1, base.type.list_size), rng)
 
@@ -280,7 +281,7 @@ def _any_vector(store: Any, table: str, qv: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- orchestration
 
 def ensure_ingested(rows: int, dim: int, work: Path, out: Path, *, force: bool = False,
-                    queries: int = 100) -> dict[str, Any]:
+                    queries: int = TIMED_QUERIES) -> dict[str, Any]:
     """Generate + ingest the synthetic index unless already done; the ingest is recorded as a case."""
     base = engine_dir(work, rows, dim)
     meta_path = base / "engine.json"
