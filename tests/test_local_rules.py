@@ -305,3 +305,14 @@ def test_reports_rank_by_selected_members_then_rank_then_first_seen():
     # 13 has no rank and 14 is under min_rank, so both are left out
     assert [r["title"] for r in ranked] == ["ten", "twelve", "eleven"]
     assert rank_reports(selected, reports, min_rank=0)[-1]["title"] == "fourteen"
+
+
+def test_sources_count_a_relationship_id_as_often_as_the_unit_lists_it():
+    from drift_lance.local.ranking import rank_text_units
+
+    units = pl.DataFrame({"id": ["t0", "t1"], "relationship_ids": [["r0", "r0"], ["r1"]]})
+    relationships = pl.DataFrame({"id": ["r0", "r1"], "source": ["A", "A"], "target": ["X", "Y"],
+                                  "text_unit_ids": [["t0"], ["t1"]]})
+    # graphrag 3.3.0's count_relationships sums over the unit's list, duplicates included: t0
+    # supports A twice and outranks t1 (once), although A cites t1 first. A set would tie them.
+    assert rank_text_units([["t1", "t0"]], ["A"], units, relationships) == ["t0", "t1"]

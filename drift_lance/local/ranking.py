@@ -185,8 +185,9 @@ def rank_text_units(
 
 
 def _supported(unit_id: str, unit_rel_ids: list[str], entity_rels: list[tuple[str, list[str]]], entity_rel_ids: set[str]) -> int:
-    """graphrag's count_relationships: the unit's relationship ids that belong to the entity; for a
-    unit without relationship ids, the entity's relationships that cite the unit."""
+    """graphrag's count_relationships: the unit's relationship ids that belong to the entity, an id
+    listed twice counted twice (graphrag sums over the unit's list, not a set); for a unit without
+    relationship ids, the entity's relationships that cite the unit."""
     if unit_rel_ids:
         return sum(1 for rel_id in unit_rel_ids if rel_id in entity_rel_ids)
     return sum(1 for _, cited in entity_rels if unit_id in cited)
