@@ -75,7 +75,11 @@ def index_params(config: VectorIndexConfig, rows: int, dim: int) -> dict[str, An
     if config.type == "IVF_HNSW_SQ":
         partitions = config.num_partitions or max(1, rows // 100_000)
         return {"num_partitions": partitions, "m": config.m, "ef_construction": config.ef_construction}
-    partitions = config.num_partitions or max(1, round(math.sqrt(rows)))
+    # IVF_RQ: half of sqrt(rows). Each probed partition costs ~55 us of fixed work besides its rows, so
+    # at 10^6 x 1536 500 partitions reach recall@10 0.955 at 60 probes in 7.4-7.7 ms, where 1000 need
+    # 96 probes and 11.0-11.4 ms (raw LanceDB, alternated; 700 and 350 partitions were in between).
+    root = math.sqrt(rows) / 2 if config.type == "IVF_RQ" else math.sqrt(rows)
+    partitions = config.num_partitions or max(1, round(root))
     if config.type == "IVF_PQ":
         return {"num_partitions": partitions, "num_sub_vectors": config.num_sub_vectors or max(1, dim // 16)}
     return {"num_partitions": partitions}

@@ -119,18 +119,18 @@ async def test_ingest_records_calibration_and_the_store_probes_that_many(tmp_pat
 
     assert await probes_in_plan(StoreConfig()) == info.calibration.nprobes
     # An explicit setting wins over the calibration.
-    assert await probes_in_plan(StoreConfig(search=SearchTuning(nprobes_fraction=0.5))) == math.ceil(0.5 * partitions)
+    assert await probes_in_plan(StoreConfig(search=SearchTuning(nprobes_fraction=0.9))) == math.ceil(0.9 * partitions)
     assert await probes_in_plan(StoreConfig(search=SearchTuning(nprobes=7))) == 7
 
 
 def test_cli_target_recall_off_and_bad_values_and_inspect_shows_the_probing(tmp_path, capsys, monkeypatch):
     from ingest.synthetic import generate_index
 
-    src = generate_index(tmp_path / "src", n_entities=1200, dim=16, seed=2)
+    src = generate_index(tmp_path / "src", n_entities=4800, dim=16, seed=2)
     db = str(tmp_path / "db")
-    assert cli_main(["ingest", str(src), "--db", db, "--ann-min-rows", "1000", "--target-recall", "0.9", "--no-progress"]) == 0
+    assert cli_main(["ingest", str(src), "--db", db, "--ann-min-rows", "1000", "--target-recall", "0.5", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "entities: IVF_RQ probes 20 of 35 partitions (calibrated at ingest: recall@10 " in out and "target 0.9," in out
+    assert "entities: IVF_RQ probes 20 of 35 partitions (calibrated at ingest: recall@10 " in out and "target 0.5," in out
     # The live probing, and which setting decides it, is what `inspect` shows.
     assert cli_main(["inspect", "--db", db]) == 0
     assert "entities: IVF_RQ probes 20 of 35 partitions (calibrated at ingest" in capsys.readouterr().out

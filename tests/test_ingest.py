@@ -426,7 +426,7 @@ async def test_ann_index_built_at_threshold(tmp_path):
     config = IngestConfig(ann_min_rows=500)
     report = await ingest.run_ingest(src, str(tmp_path / "db"), config=config, progress=False)
     assert report.manifest.tables["entities"].vector_index == "IVF_RQ"
-    assert report.manifest.tables["entities"].vector_index_params == {"num_partitions": 24}  # round(sqrt(600))
+    assert report.manifest.tables["entities"].vector_index_params == {"num_partitions": 12}  # round(sqrt(600) / 2)
     assert report.manifest.tables["community_reports"].vector_index is None  # 600/16 rows: below
     db = await lancedb.connect_async(str(tmp_path / "db"))
     table = await db.open_table("entities", version=report.manifest.tables["entities"].version)

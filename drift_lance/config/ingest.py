@@ -2,7 +2,7 @@
 
 Defaults come from measurements on a 2-core machine (see README, section "Ingest"): below
 `ann_min_rows` rows a table gets no ANN index and the store answers with an exact in-memory scan;
-above it an IVF_RQ index (RaBitQ, 1 bit per dimension) with sqrt(rows) partitions, re-ranked with full
+above it an IVF_RQ index (RaBitQ, 1 bit per dimension) with sqrt(rows) / 2 partitions, re-ranked with full
 vectors (refine_factor 5) and probed at the fewest partitions that reached recall@10 0.97 when ingest
 measured it on the built index (`target_recall`; 30% of the partitions for indexes ingested without
 calibration). Fixed 30% probing gave recall 0.996 at 10^6 x 1536 but only 0.955 at 10^6 x 384: how
@@ -32,7 +32,7 @@ class VectorIndexConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: VectorIndexType = "IVF_RQ"
-    # IVF partitions; None = round(sqrt(rows)) for IVF_RQ / IVF_FLAT / IVF_PQ, max(1, rows // 100_000)
+    # IVF partitions; None = round(sqrt(rows) / 2) for IVF_RQ, round(sqrt(rows)) for IVF_FLAT / IVF_PQ, max(1, rows // 100_000)
     # for IVF_HNSW_SQ (an HNSW graph per partition: fewer, larger partitions recall better).
     num_partitions: int | None = None
     # IVF_PQ only: sub-vectors per vector; None = dim / 16 (LanceDB default is dim / 16 too).
