@@ -76,8 +76,8 @@ def index_params(config: VectorIndexConfig, rows: int, dim: int) -> dict[str, An
         partitions = config.num_partitions or max(1, rows // 100_000)
         return {"num_partitions": partitions, "m": config.m, "ef_construction": config.ef_construction}
     # IVF_RQ: half of sqrt(rows). Each probed partition costs ~55 us of fixed work besides its rows, so
-    # at 10^6 x 1536 500 partitions reach recall@10 0.955 at 60 probes in 7.4-7.7 ms, where 1000 need
-    # 96 probes and 11.0-11.4 ms (raw LanceDB, alternated; 700 and 350 partitions were in between).
+    # at 10^6 x 1536 500 partitions reach recall@10 0.955 at 60 probes in 7.4-8.5 ms, where 1000 need
+    # 96 probes and 11.0-11.9 ms (raw LanceDB, alternated; 700 and 350 partitions did worse than 500).
     root = math.sqrt(rows) / 2 if config.type == "IVF_RQ" else math.sqrt(rows)
     partitions = config.num_partitions or max(1, round(root))
     if config.type == "IVF_PQ":
