@@ -30,14 +30,17 @@ class VectorColumnInfo(BaseModel):
 
 class AnnCalibration(BaseModel):
     """ANN query parameters measured by ingest on the built index: the fewest probed partitions whose
-    recall@10 against exact search reached `target_recall` on sample queries (see
-    `ingest.calibrate`)."""
+    recall@10 against exact search reached `target_recall` on sample queries, with 95% confidence
+    (see `ingest.calibrate`)."""
 
     nprobes: int
     refine_factor: int | None
-    recall_at_10: float  # measured at `nprobes`
+    recall_at_10: float  # the sample's mean at `nprobes`
+    # One-sided lower confidence bound of that mean (95%; 99% when the first 300 queries settled it);
+    # None in manifests written before 2026-12-06, whose calibrations compared the mean itself.
+    recall_lower_bound: float | None = None
     target_recall: float
-    queries: int
+    queries: int  # sample queries measured at `nprobes`
     seconds: float
 
 

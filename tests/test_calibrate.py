@@ -18,7 +18,7 @@ from drift_lance._lancedb import lancedb
 from drift_lance.cli import main as cli_main
 from drift_lance.config.ingest import IngestConfig, SearchTuning, StoreConfig
 from drift_lance.store import TableInfo
-from ingest.calibrate import calibrate_probes, probe_ladder, sample_queries
+from ingest.calibrate import RecallEstimate, calibrate_probes, probe_ladder, sample_queries
 
 ROWS, DIM, PARTITIONS = 4000, 16, 64
 
@@ -48,16 +48,29 @@ def random_table(tmp_path_factory):
     return uri, info, matrix, ids
 
 
-async def recall_at(uri: str, info: TableInfo, matrix: np.ndarray, queries: np.ndarray, nprobes: int) -> float:
-    """Recall@10 of LanceDB's own query at `nprobes`, against numpy's exact top 10."""
+async def lower_bound_at(
+    uri: str, info: TableInfo, matrix: np.ndarray, queries: np.ndarray, nprobes: int, z: float = 1.645
+) -> float:
+    """The one-sided lower confidence bound (95% by default) of LanceDB's own recall@10 at `nprobes`,
+    against numpy's exact top 10: mean - z standard errors over the queries."""
     table = await (await lancedb.connect_async(uri)).open_table(info.name)
     exact = np.argsort(-(queries @ matrix.T), axis=1)[:, :10]
-    hits = 0
+    per_query = []
     for query, truth in zip(queries, exact):
         q = table.vector_search(query).column(schema.VECTOR).distance_type("cosine").nprobes(nprobes).limit(10)
         found = (await q.select(["id", "_distance"]).to_arrow()).column("id").to_pylist()
-        hits += len(set(found) & {f"e{i}" for i in truth})
-    return hits / (10 * len(queries))
+        per_query.append(len(set(found) & {f"e{i}" for i in truth}) / 10)
+    return float(np.mean(per_query) - z * np.std(per_query, ddof=1) / math.sqrt(len(per_query)))
+
+
+def test_a_noisy_sample_whose_mean_reaches_the_target_does_not():
+    """90 queries at recall 1.0 and 10 at 0.5 average 0.95, but that sample cannot tell 0.95 from
+    0.93: the calibration asks for the target with 95% confidence, not for a lucky mean."""
+    noisy = RecallEstimate.of(np.array([1.0] * 90 + [0.5] * 10))
+    assert noisy.mean == pytest.approx(0.95) and noisy.lower_bound < 0.94 and not noisy.reaches(0.95)
+    assert noisy.reaches(0.9)
+    perfect = RecallEstimate.of(np.ones(50))
+    assert perfect.lower_bound == 1.0 and perfect.reaches(1.0)
 
 
 async def test_calibration_picks_the_fewest_probes_that_reach_the_target(random_table):
@@ -66,13 +79,14 @@ async def test_calibration_picks_the_fewest_probes_that_reach_the_target(random_
     tuning = SearchTuning(min_nprobes=1)
     # 0.95 falls between two rungs of the ladder (16 and 20 of 64 partitions) on this index
     found = await calibrate_probes(table, info, matrix, ids, target=0.95, queries=100, tuning=tuning)
-    assert found is not None and found.queries == 100
-    assert found.recall_at_10 >= 0.95 and found.target_recall == 0.95
-    # Checked independently, on the same queries: the chosen count reaches the target, one probe
-    # fewer does not (at this size the bisection is exact), and a lower target needs fewer probes.
+    assert found is not None and found.queries == 100 and found.target_recall == 0.95
+    assert found.recall_at_10 > found.recall_lower_bound >= 0.95
+    # Checked independently, on the same queries: the chosen count reaches the target with 95%
+    # confidence, one probe fewer does not (at this size the bisection is exact), and a lower
+    # target needs fewer probes.
     queries = sample_queries(matrix, 100, np.random.default_rng(0))
-    assert await recall_at(uri, info, matrix, queries, found.nprobes) >= 0.95
-    assert await recall_at(uri, info, matrix, queries, found.nprobes - 1) < 0.95
+    assert await lower_bound_at(uri, info, matrix, queries, found.nprobes) == pytest.approx(found.recall_lower_bound, abs=1e-4)
+    assert await lower_bound_at(uri, info, matrix, queries, found.nprobes - 1) < 0.95
     lower = await calibrate_probes(table, info, matrix, ids, target=0.5, queries=100, tuning=tuning)
     assert lower is not None and lower.nprobes < found.nprobes
 
@@ -84,6 +98,24 @@ async def test_probes_never_go_below_the_min_nprobes_floor(random_table):
     assert found is not None and found.nprobes == 20
 
 
+async def test_probe_counts_far_from_the_target_are_settled_by_the_first_300_queries(random_table):
+    uri, info, matrix, ids = random_table
+    table = await (await lancedb.connect_async(uri)).open_table("t")
+    # The min_nprobes floor (20 of 64) recalls far more than 0.3: 300 of the 1000 queries settle it.
+    easy = await calibrate_probes(table, info, matrix, ids, target=0.3, queries=1000, tuning=SearchTuning(min_nprobes=20))
+    assert easy is not None and easy.nprobes == 20 and easy.queries == 300 and easy.recall_lower_bound >= 0.3
+    # Near the target a count is settled by the first 300 queries only if their 99% bound clears it,
+    # else by all 1000 at 95%; either way the recorded bound is the one computed independently, and
+    # one probe fewer does not reach the target over all 1000.
+    close = await calibrate_probes(table, info, matrix, ids, target=0.95, queries=1000, tuning=SearchTuning(min_nprobes=1))
+    assert close is not None and close.queries in (300, 1000)
+    queries = sample_queries(matrix, 1000, np.random.default_rng(0))
+    z = 2.326 if close.queries == 300 else 1.645
+    bound = await lower_bound_at(uri, info, matrix, queries[: close.queries], close.nprobes, z=z)
+    assert bound == pytest.approx(close.recall_lower_bound, abs=1e-4) and bound >= 0.95
+    assert await lower_bound_at(uri, info, matrix, queries, close.nprobes - 1) < 0.95
+
+
 async def test_unreachable_target_probes_everything_and_warns(random_table, caplog):
     uri, info, matrix, ids = random_table
     table = await (await lancedb.connect_async(uri)).open_table("t")
@@ -92,7 +124,7 @@ async def test_unreachable_target_probes_everything_and_warns(random_table, capl
     few = info.model_copy(update={"vector_index_params": {"num_partitions": 4}})
     with caplog.at_level(logging.WARNING, logger="ingest.calibrate"):
         found = await calibrate_probes(table, few, matrix, ids, target=1.0, queries=50, tuning=SearchTuning(min_nprobes=1))
-    assert found is not None and found.nprobes == 4 and found.recall_at_10 < 0.9
+    assert found is not None and found.nprobes == 4 and found.recall_lower_bound < found.recall_at_10 < 0.9
     assert "below the target" in caplog.text and "'t'" in caplog.text
 
 
@@ -130,7 +162,9 @@ def test_cli_target_recall_off_and_bad_values_and_inspect_shows_the_probing(tmp_
     db = str(tmp_path / "db")
     assert cli_main(["ingest", str(src), "--db", db, "--ann-min-rows", "1000", "--target-recall", "0.5", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "entities: IVF_RQ probes 20 of 35 partitions (calibrated at ingest: recall@10 " in out and "target 0.5," in out
+    assert "entities: IVF_RQ probes 20 of 35 partitions (calibrated at ingest: recall@10 " in out
+    # 20 of 35 partitions reach far above 0.5: the first 300 of the 1000 sample queries settle it.
+    assert "at 95% confidence), target 0.5, 300 sample queries" in out
     # The live probing, and which setting decides it, is what `inspect` shows.
     assert cli_main(["inspect", "--db", db]) == 0
     assert "entities: IVF_RQ probes 20 of 35 partitions (calibrated at ingest" in capsys.readouterr().out

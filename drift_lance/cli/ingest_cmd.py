@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--target-recall", type=_target_recall, metavar="R", default=defaults.target_recall,
         help="after building an ANN index, measure recall@10 on sample queries and record the fewest probed "
-        f'partitions reaching R (default {defaults.target_recall}); "off" probes a fixed share of the partitions '
+        f'partitions reaching R with 95%% confidence (default {defaults.target_recall}); "off" probes a fixed share of the partitions '
         "(store.search.nprobes_fraction)",
     )
     parser.add_argument(
@@ -154,7 +154,7 @@ def probing_line(info: Any, tuning: Any = None) -> str:
     probes, source = tuning.probing_for(info)
     if source == "calibrated":
         why = (
-            f"calibrated at ingest: recall@10 {c.recall_at_10:.3f}, target {c.target_recall}, "
+            f"calibrated at ingest: recall@10 {c.recall_at_10:.3f}{_lower_bound(c)}, target {c.target_recall}, "
             f"{c.queries} sample queries, {c.seconds:.1f}s"
         )
     elif source == "nprobes_fraction" and "nprobes_fraction" not in tuning.model_fields_set:
@@ -162,3 +162,8 @@ def probing_line(info: Any, tuning: Any = None) -> str:
     else:
         why = f"store.search.{source}" + (", not the ingest calibration" if c else "")
     return f"{info.name}: {info.vector_index} probes {probes} of {partitions} partitions ({why})"
+
+
+def _lower_bound(calibration: Any) -> str:
+    bound = calibration.recall_lower_bound
+    return "" if bound is None else f" (>= {bound:.3f} at 95% confidence)"
