@@ -178,3 +178,21 @@ def test_cli_target_recall_off_and_bad_values_and_inspect_shows_the_probing(tmp_
         cli_main(["ingest", str(src), "--db", db, "--target-recall", "1.5"])
     assert exit_info.value.code == 2
     assert "--target-recall" in capsys.readouterr().err
+
+
+def test_indexes_calibrated_before_the_confidence_bound_still_open_and_print():
+    """A manifest written before the bound existed has no `recall_lower_bound`: it loads, and
+    `inspect` prints its probing without one."""
+    from drift_lance.cli.ingest_cmd import probing_line
+    from drift_lance.store import AnnCalibration
+
+    old = AnnCalibration.model_validate(
+        {"nprobes": 100, "refine_factor": 5, "recall_at_10": 0.972, "target_recall": 0.97, "queries": 300, "seconds": 27.1}
+    )
+    info = TableInfo(name="entities", version=1, rows=250_000, vector_index="IVF_RQ",
+                     vector_index_params={"num_partitions": 500}, calibration=old)
+    assert old.recall_lower_bound is None
+    assert probing_line(info) == (
+        "entities: IVF_RQ probes 100 of 500 partitions "
+        "(calibrated at ingest: recall@10 0.972, target 0.97, 300 sample queries, 27.1s)"
+    )
