@@ -157,7 +157,7 @@ class _RecallProbe:
         found = await asyncio.gather(*(ids_found(q) for q in self.queries[start:stop]))
         return self._hits(found, start) / K
 
-    def _hits(self, found: Sequence[Sequence[Any]], start: int = 0) -> np.ndarray:
+    def _hits(self, found: Sequence[Sequence[Any]], start: int) -> np.ndarray:
         """Per query (the queries from `start` on), how many of its results score at least its k-th
         exact score (at most K)."""
         query_of = np.repeat(np.arange(len(found)), [len(ids) for ids in found])
