@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -132,3 +135,23 @@ def test_prompt_files_are_checked_at_load(tmp_path):
     no_data.write_text("Answer in {response_type}")
     with pytest.raises(ConfigError, match=r"missing placeholder.*\{context_data\}"):
         load_prompts(DRIFTSearchConfig(reduce_prompt=str(no_data)))
+
+
+def test_bundled_prompts_are_ours_in_a_graphrag_project_directory(tmp_path):
+    """`graphrag init` leaves a prompts/ folder (its own local_search_system_prompt.txt among them)
+    in the project, and Python puts the working directory first on sys.path: the bundled prompts
+    must still be drift-lance's."""
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "local_search_system_prompt.txt").write_text("graphrag's prompt {context_data}")
+    script = (
+        "from drift_lance.config.drift import DRIFTSearchConfig\n"
+        "from drift_lance.drift.prompts import load_prompts\n"
+        "from drift_lance.local import load_local_prompt\n"
+        "prompts = load_prompts(DRIFTSearchConfig())\n"
+        "print(load_local_prompt() == open(prompts_dir + '/local_search_system_prompt.txt').read(), prompts.hyde == open(prompts_dir + '/drift_hyde.txt').read())\n"
+    )
+    repo_prompts = Path(__file__).resolve().parent.parent / "prompts"
+    run = subprocess.run([sys.executable, "-c", f"prompts_dir = {str(repo_prompts)!r}\n" + script],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "True"]

@@ -17,6 +17,7 @@ import pytest
 
 from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.drift import open_drift_search
+from drift_lance.errors import StoreError
 from drift_lance.models import get_chat_model
 from drift_lance.testing import Reply
 
@@ -185,3 +186,26 @@ async def test_bad_follow_up_answer_over_http_does_not_fail_the_query(
     assert failed["score"] == "-inf" and failed["metadata"]["error"]
     reduce_notes = openai_server.chat_requests[-1].messages[0]["content"]
     assert f"Finding for: {FOLLOW_REPORTS}" in reduce_notes and "cannot answer in JSON" not in reduce_notes
+
+
+async def test_embedding_model_of_unknown_dimension_is_checked_on_its_first_vectors(
+    dulce_db_uri, openai_server, openai_settings, no_network
+):
+    """A self-hosted embedding model the client knows no dimension for (vLLM, Ollama, llama.cpp)
+    opens and answers; one whose vectors do not fit the index fails the query, naming the table."""
+    openai_server.on_chat = answer_like_a_model
+    settings = openai_settings.model_copy(update={"embedding_model": "nomic-embed-text"})
+    config = DRIFTSearchConfig(drift_k_followups=2, primer_folds=1, n_depth=1, seed=0)
+    for server_dimension in (3072, 64):
+        openai_server.embedding_dim = server_dimension
+        search = await open_drift_search(dulce_db_uri, config=config, model_settings=settings)
+        try:
+            assert search.embedder.dimension == 0  # not known until its first vectors
+            if server_dimension == 3072:
+                result = await search.search(QUERY)
+                assert result.response == FINAL and result.llm_calls_categories["action"] == 2
+            else:
+                with pytest.raises(StoreError, match=r"dimension 64 but table 'community_reports'.*3072"):
+                    await search.search(QUERY)
+        finally:
+            await search.close()

@@ -382,6 +382,36 @@ async def test_seed_makes_random_order_reproducible(store):
     assert runs[0] == runs[1]
 
 
+async def test_any_failing_call_degrades_hyde_falls_back_a_fold_and_a_follow_up_are_skipped(store):
+    """A custom chat model may raise anything: the HyDE call falls back to the query, a fold and a
+    follow-up are skipped, and a TimeoutError of the model's own (llm_timeout unset) says so."""
+    folds = iter([RuntimeError("fold broke"), {"intermediate_answer": "ok", "score": 70, "follow_up_queries": ["F", "G"]}])
+    responder = drift_responder(children=0)
+
+    def respond(messages, params, response_model):
+        stage = stage_of(messages, response_model)
+        if stage == "hyde":
+            raise TimeoutError("read timed out")
+        if stage == "primer":
+            item = next(folds)
+            if isinstance(item, Exception):
+                raise item
+            return item
+        if stage == "action" and messages[-1].content == "G":
+            raise TimeoutError("read timed out")
+        return responder(messages, params, response_model)
+
+    search = make_search(store, ScriptedChatModel(respond), drift_k_followups=2, primer_folds=2, n_depth=1, llm_timeout=None)
+    result = await search.search("q")
+    root, *follow_ups = result.state["nodes"]
+    assert root["metadata"]["hyde_query"] == "q" and root["answer"] == "ok"
+    assert root["metadata"]["fold_errors"] == ["RuntimeError: fold broke"]
+    failed = next(node for node in follow_ups if node["query"] == "G")
+    assert failed["score"] == "-inf" and failed["metadata"]["error"] == "ModelError: the chat model timed out: read timed out"
+    assert next(node for node in follow_ups if node["query"] == "F")["answer"]
+    assert result.llm_calls_categories == {"build_context": 1, "primer": 2, "action": 2, "reduce": 1}
+
+
 async def test_primer_survives_one_bad_fold_and_embedder_dimension_is_checked(store):
     answers = iter(["not json", {"intermediate_answer": "ok", "score": 70, "follow_up_queries": ["F"]}])
 
@@ -398,7 +428,7 @@ async def test_primer_survives_one_bad_fold_and_embedder_dimension_is_checked(st
     assert root["answer"] == "ok" and root["score"] == 70 and "fold_errors" in root["metadata"]
     assert result.llm_calls_categories["primer"] == 2
 
-    with pytest.raises(EmbeddingMismatchError, match=r"community_reports\.vector has dimension \d+.*returns 64"):
+    with pytest.raises(EmbeddingMismatchError, match=r"table 'community_reports' column 'vector' holds \d+-d vectors.*produces 64-d"):
         DRIFTSearch(
             store=store, chat_model=chat, embedder=HashEmbedder(64), context_builder=StubContextBuilder(),
             tokenizer=get_tokenizer("o200k_base"),

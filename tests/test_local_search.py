@@ -59,6 +59,16 @@ async def test_answer_timeout_raises_model_error(dulce_store, query_vector):
     assert model.in_flight == 0  # the timed-out calls were cancelled
 
 
+@pytest.mark.parametrize("llm_timeout", [None, 60.0])
+async def test_the_models_own_timeout_is_reported_as_the_models(dulce_store, query_vector, llm_timeout):
+    model = ScriptedChatModel([TimeoutError("read timed out"), TimeoutError("read timed out")])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store, config=LocalSearchConfig(llm_timeout=llm_timeout)))
+    with pytest.raises(ModelError, match="^the chat model timed out: read timed out$"):
+        await search.search("q", query_vector=query_vector)
+    with pytest.raises(ModelError, match="^the chat model timed out: read timed out$"):
+        await search.stream_search("q", query_vector=query_vector).text()
+
+
 async def test_conversation_history_opens_the_context(dulce_store, query_vector):
     model = ScriptedChatModel([ANSWER])
     search = LocalSearch(model, LocalContextBuilder(dulce_store))
@@ -75,6 +85,26 @@ async def test_conversation_history_opens_the_context(dulce_store, query_vector)
 async def test_embedder_must_match_the_index_vectors(dulce_store):
     search = LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store), embedder=HashEmbedder(64))
     with pytest.raises(EmbeddingMismatchError, match="3072"):
+        await search.search("Who runs Operation: Dulce?")
+
+
+class UnsizedEmbedder(HashEmbedder):
+    """A remote model whose dimension the client does not know until it has embedded something."""
+
+    def __init__(self, makes: int):
+        super().__init__(makes)
+        self.makes, self.dimension = makes, 0
+
+    def embed_sync(self, texts):
+        self.dimension = self.makes
+        return super().embed_sync(texts)
+
+
+async def test_embedder_of_unknown_dimension_is_checked_on_its_first_vector(dulce_store):
+    search = LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store), embedder=UnsizedEmbedder(3072))
+    assert (await search.search("Who runs Operation: Dulce?")).response == ANSWER
+    search = LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store), embedder=UnsizedEmbedder(64))
+    with pytest.raises(EmbeddingMismatchError, match="embedder 'hash-embedder' made a vector that has dimension 64 .*3072"):
         await search.search("Who runs Operation: Dulce?")
 
 

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 
 from pydantic import BaseModel
 
-from drift_lance.models.base import ChatModel, ChatParams, ChatResult, Message, ModelError, Usage
+from drift_lance.models.base import ChatModel, ChatParams, ChatResult, Message, Usage
+from drift_lance.models.deadline import LLMTimeoutError, deltas_within, within
 
 __all__ = ["BoundedChat", "LLMTimeoutError"]
-
-
-class LLMTimeoutError(ModelError):
-    """One LLM call took longer than the configured `llm_timeout`."""
 
 
 class BoundedChat:
@@ -34,12 +32,8 @@ class BoundedChat:
         response_model: type[BaseModel] | None = None,
     ) -> ChatResult:
         async with self._slots:
-            try:
-                # asyncio.timeout, not wait_for: no extra task per call (62 calls per DRIFT query)
-                async with asyncio.timeout(self.timeout):
-                    return await self.model.complete(messages, params=params, response_model=response_model)
-            except TimeoutError:
-                raise LLMTimeoutError(f"LLM call timed out after {self.timeout:g} s (llm_timeout)") from None
+            call = self.model.complete(messages, params=params, response_model=response_model)
+            return await within(call, self.timeout, "LLM call")
 
     def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> BoundedStream:
         return BoundedStream(self, messages, params)
@@ -65,18 +59,10 @@ class BoundedStream:
         chat = self._chat
         async with chat._slots:
             stream = chat.model.stream(self._messages, params=self._params)
-            deltas = aiter(stream)
             try:
-                while True:
-                    try:
-                        delta = await asyncio.wait_for(anext(deltas), chat.timeout)
-                    except StopAsyncIteration:
-                        break
-                    except TimeoutError:
-                        raise LLMTimeoutError(
-                            f"streamed LLM call sent nothing for {chat.timeout:g} s (llm_timeout)"
-                        ) from None
-                    yield delta
+                async with aclosing(deltas_within(aiter(stream), chat.timeout, "streamed LLM call")) as deltas:
+                    async for delta in deltas:
+                        yield delta
             finally:
                 await stream.aclose()
             self.usage = stream.usage
@@ -84,3 +70,4 @@ class BoundedStream:
     async def aclose(self) -> None:
         if self._gen is not None:
             await self._gen.aclose()  # type: ignore[attr-defined]
+

@@ -22,6 +22,7 @@ from drift_lance.drift.llm import BoundedChat
 from drift_lance.drift.prompts import DriftPrompts
 from drift_lance.errors import EmbeddingMismatchError
 from drift_lance.models.base import ChatParams, Embedder, Message, ModelError, Usage
+from drift_lance.models.compat import check_embedding_compatibility
 from drift_lance.store import IndexStore
 
 __all__ = ["DRIFTPrimer", "PrimerOutcome", "check_embedder", "failed_call_usage", "split_folds"]
@@ -55,18 +56,8 @@ def check_embedder(store: IndexStore, embedder: Embedder) -> None:
         )
     for table in (schema.COMMUNITY_REPORTS, schema.ENTITIES):
         info = store.manifest.vectors.get(table)
-        if info is None:
-            continue
-        if info.dimension != embedder.dimension:
-            raise EmbeddingMismatchError(
-                f"{store.uri}: {table}.{schema.VECTOR} has dimension {info.dimension} (model {info.model!r}) "
-                f"but the query embedder {embedder.model_id!r} returns {embedder.dimension}"
-            )
-        if info.model not in ("unknown", "") and info.model != embedder.model_id:
-            raise EmbeddingMismatchError(
-                f"{store.uri}: {table}.{schema.VECTOR} was embedded with {info.model!r} but the query "
-                f"embedder is {embedder.model_id!r}; configure the same embedding model"
-            )
+        if info is not None:
+            check_embedding_compatibility(info, embedder, uri=store.uri)
 
 
 def failed_call_usage(exc: BaseException) -> Usage:
@@ -141,8 +132,8 @@ class DRIFTPrimer:
             result = await self.chat.complete(
                 [Message("user", prompt)], params=ChatParams(max_tokens=self.config.hyde_max_tokens)
             )
-        except ModelError as exc:
-            log.warning("HyDE expansion failed (%s); embedding the query as is", exc)
+        except Exception as exc:  # noqa: BLE001 - any failed call degrades, as a follow-up's does
+            log.warning("HyDE expansion failed (%s: %s); embedding the query as is", type(exc).__name__, exc)
             return query, failed_call_usage(exc)
         text = result.text.strip()
         if not text:
@@ -201,8 +192,8 @@ class DRIFTPrimer:
         )
         try:
             result = await self.chat.complete([Message("user", prompt)], params=ChatParams(), response_model=PrimerFoldAnswer)
-        except ModelError as exc:
-            log.warning("primer call failed: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - one failed fold is skipped, as a failed follow-up is
+            log.warning("primer call failed: %s: %s", type(exc).__name__, exc)
             return None, failed_call_usage(exc), f"{type(exc).__name__}: {exc}"
         return result.parsed, result.usage, ""  # type: ignore[return-value]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
+from drift_lance._bundled import bundled_prompt
 from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.errors import ConfigError
 
@@ -54,7 +54,7 @@ def load_prompts(config: DRIFTSearchConfig) -> DriftPrompts:
 def _load(field: str, path: str | None) -> str:
     bundled, allowed, required = _SPECS[field]
     if path is None:
-        text = resources.files("prompts").joinpath(bundled).read_text(encoding="utf-8")
+        text = bundled_prompt(bundled)
         where = f"bundled prompt {bundled}"
     else:
         where = f"drift config field {field!r}: prompt file {path}"

@@ -40,6 +40,7 @@ from drift_lance.local.render import (
     render_table_section,
 )
 from drift_lance.models.base import Embedder
+from drift_lance.models.compat import check_embedding_compatibility
 from drift_lance.models.tokens import Tokenizer, get_tokenizer
 from drift_lance.store import IndexStore
 
@@ -122,16 +123,7 @@ def check_embedder_compatible(store: IndexStore, embedder: Embedder, table: str 
     info = store.manifest.vectors.get(table)
     if info is None:
         raise StoreError(f"{store.uri}: table {table!r} has no vectors in the manifest")
-    if embedder.dimension != info.dimension:
-        raise EmbeddingMismatchError(
-            f"embedder {embedder.model_id!r} makes {embedder.dimension}-d vectors but table {table!r} of "
-            f"{store.uri} holds {info.dimension}-d vectors from model {info.model!r}"
-        )
-    if info.model != "unknown" and embedder.model_id != info.model:
-        raise EmbeddingMismatchError(
-            f"embedder {embedder.model_id!r} differs from model {info.model!r} that embedded table "
-            f"{table!r} of {store.uri}; configure the same embedding model or pass a query vector"
-        )
+    check_embedding_compatibility(info, embedder, uri=store.uri)
 
 
 class RowSource(Protocol):
@@ -332,13 +324,15 @@ class LocalContextBuilder:
             raise ConfigError("local search needs a query vector or an embedder to map the query to entities")
         check_embedder_compatible(self.store, embedder)
         matrix = await embedder.embed([text], kind="query")
-        return np.asarray(matrix, dtype=np.float32)[0]
+        vector = np.asarray(matrix, dtype=np.float32)[0]
+        self._check_vector(vector, f"embedder {embedder.model_id!r} made a vector that")  # unknown dimension: checked here
+        return vector
 
-    def _check_vector(self, vector: np.ndarray) -> None:
+    def _check_vector(self, vector: np.ndarray, source: str = "query vector") -> None:
         info = self.store.manifest.vectors.get(schema.ENTITIES)
         if info is not None and vector.shape[0] != info.dimension:
             raise EmbeddingMismatchError(
-                f"query vector has dimension {vector.shape[0]} but table 'entities' of {self.store.uri} "
+                f"{source} has dimension {vector.shape[0]} but table 'entities' of {self.store.uri} "
                 f"holds {info.dimension}-d vectors (model {info.model!r})"
             )
 

@@ -7,21 +7,22 @@ answer format in `{response_type}`; the user message is the query. Blocking (`se
 
 from __future__ import annotations
 
-import asyncio
 import string
 import time
 from collections.abc import AsyncIterator, Sequence
-from importlib import resources
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from drift_lance._bundled import bundled_prompt
 from drift_lance.config.local import LocalSearchConfig
 from drift_lance.drift.result import SearchResult, to_jsonable
 from drift_lance.errors import ConfigError
 from drift_lance.local.context import LocalContext, LocalContextBuilder
-from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, ModelError, Usage
+from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage
+from drift_lance.models.deadline import deltas_within, within
 
 __all__ = ["LocalSearch", "load_local_prompt"]
 
@@ -33,7 +34,7 @@ def load_local_prompt(path: str | Path | None = None) -> str:
     """The bundled prompt, or the file at `path`; ConfigError naming the file when it uses
     placeholders other than {context_data} / {response_type} or lacks {context_data}."""
     if path is None:
-        text, where = resources.files("prompts").joinpath(PROMPT_FILE).read_text(encoding="utf-8"), f"bundled prompt {PROMPT_FILE}"
+        text, where = bundled_prompt(PROMPT_FILE), f"bundled prompt {PROMPT_FILE}"
     else:
         try:
             text, where = Path(path).read_text(encoding="utf-8"), f"local search prompt file {path}"
@@ -102,10 +103,7 @@ class LocalSearch:
         started = time.perf_counter()
         context = await self.build_context(query, query_vector=query_vector, conversation_history=conversation_history, **overrides)
         messages = self.messages(query, context, response_type)
-        try:
-            result = await asyncio.wait_for(self.model.complete(messages, params=self.params), self.config.llm_timeout)
-        except TimeoutError:
-            raise ModelError(f"local search answer timed out after {self.config.llm_timeout:g} s (llm_timeout)") from None
+        result = await within(self.model.complete(messages, params=self.params), self.config.llm_timeout, "local search answer")
         return _result(result.text, context, result.usage, started)
 
     def stream_search(
@@ -142,19 +140,12 @@ class LocalStream(GeneratorStream):
         started = time.perf_counter()
         context = await search.build_context(self._query, **self._kwargs)
         stream = search.model.stream(search.messages(self._query, context, self._response_type), params=search.params)
-        deltas = aiter(stream)
-        timeout = search.config.llm_timeout
         parts: list[str] = []
         try:
-            while True:
-                try:
-                    delta = await asyncio.wait_for(anext(deltas), timeout)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    raise ModelError(f"local search stream sent nothing for {timeout:g} s (llm_timeout)") from None
-                parts.append(delta)
-                yield delta
+            async with aclosing(deltas_within(aiter(stream), search.config.llm_timeout, "local search stream")) as deltas:
+                async for delta in deltas:
+                    parts.append(delta)
+                    yield delta
         finally:
             await stream.aclose()
         self.result = _result("".join(parts), context, stream.usage, started)

@@ -20,13 +20,15 @@ def normalise_model_id(model: str) -> str:
     return _PROVIDER_PREFIX.sub("", model.strip()).lower()
 
 
-def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder) -> None:
+def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder, *, uri: str = "") -> None:
     """Raise EmbeddingMismatchError when `embedder` cannot produce vectors comparable with the
     table's stored ones: a different dimension, or a different model. When the stored model is
     "unknown" (reused GraphRAG vectors ingested without --embedding-model) a model mismatch cannot
-    be detected, so only a warning is logged. An embedder whose dimension is not known yet
-    (dimension 0, e.g. an unlisted remote model) is checked by model name only."""
-    where = f"table {stored.table!r} column 'vector'"
+    be detected, so only a warning is logged (once per table and embedder). An embedder whose
+    dimension is not known yet (dimension 0: a remote model the client has no table entry for) is
+    checked by model name only; its first vectors are then checked against the table's dimension
+    where they are used. `uri` names the database in the message."""
+    where = f"{uri + ': ' if uri else ''}table {stored.table!r} column 'vector'"
     if embedder.dimension and embedder.dimension != stored.dimension:
         raise EmbeddingMismatchError(
             f"{where} holds {stored.dimension}-d vectors from model {stored.model!r}, but the query "
@@ -34,12 +36,14 @@ def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder) 
             f"embedding model used at ingest (DRIFT_LANCE_EMBEDDING_MODEL / embedding_model)"
         )
     if stored.model == UNKNOWN_MODEL or not stored.model:
-        log.warning(
-            "%s: stored vectors' embedding model is unknown; assuming query embedder %r matches "
-            "(record it at ingest with --embedding-model)",
-            where,
-            embedder.model_id,
-        )
+        if (where, embedder.model_id) not in _warned_unknown:
+            _warned_unknown.add((where, embedder.model_id))
+            log.warning(
+                "%s: stored vectors' embedding model is unknown; assuming query embedder %r matches "
+                "(record it at ingest with --embedding-model)",
+                where,
+                embedder.model_id,
+            )
         return
     if normalise_model_id(stored.model) != normalise_model_id(embedder.model_id):
         raise EmbeddingMismatchError(
@@ -47,3 +51,6 @@ def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder) 
             f"{embedder.model_id!r}; set embedding_model to {stored.model!r} (DRIFT_LANCE_EMBEDDING_MODEL) "
             f"or re-ingest with the new model"
         )
+
+
+_warned_unknown: set[tuple[str, str]] = set()  # a long-running service warns once, not per query
