@@ -4,11 +4,13 @@ backend on a FakeOpenAIServer (127.0.0.1) and the ingested dulce index."""
 from __future__ import annotations
 
 import json
+import logging
 
 import networkx as nx
 import pytest
 
 from drift_lance.cli import main
+from drift_lance.models import get_tokenizer
 from drift_lance.testing import FakeOpenAIServer, Reply
 
 QUERY = "Who leads the Dulce mission?"
@@ -93,6 +95,26 @@ def test_graphrag_settings_yaml_drives_the_query(server, dulce_db_uri, tmp_path,
     assert main(["query", QUERY, "--db", dulce_db_uri, "--config", str(settings), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["llm_calls_categories"]["action"] == 3
+
+
+def test_graphrag_settings_yaml_local_search_block_drives_local_search(server, dulce_db_uri, tmp_path, capsys, caplog):
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "local.txt").write_text("PROJECT PROMPT ({response_type})\n{context_data}")
+    settings = tmp_path / "settings.yaml"
+    graphrag_blocks = "completion_models:\n  default_completion_model:\n    model: gpt-4.1\n"
+    settings.write_text(graphrag_blocks + "local_search:\n  prompt: prompts/local.txt\n  max_context_tokens: 1500\n"
+                        "  completion_model_id: default_completion_model\n  some_future_key: 1\n")
+    with caplog.at_level(logging.WARNING):
+        assert main(["query", QUERY, "--db", dulce_db_uri, "--method", "local", "--config", str(settings), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    system = server.chat_requests[-1].messages[0]["content"]
+    assert system.startswith("PROJECT PROMPT (multiple paragraphs)\n-----")
+    assert get_tokenizer("o200k_base").count(result["context_text"]) <= 1500
+    assert "ignoring unknown local_search key 'some_future_key'" in caplog.text
+
+    settings.write_text(graphrag_blocks + "local_search:\n  max_context_tokens: -5\n")
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--method", "local", "--config", str(settings)]) == 2
+    assert f"config file {settings}: field local.max_context_tokens" in capsys.readouterr().err
 
 
 def test_local_method(server, dulce_db_uri, capsys):
