@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._harness import Record, latency_summary, log, recall_at_k, run_case, write_records
-from benchmarks.vectors import TABLE, prepare_dataset
+from benchmarks.vectors import TABLE
 
 K = 10
 RECALL_TARGET = 0.95

@@ -18,7 +18,7 @@ from drift_lance._lancedb import lancedb
 from drift_lance.cli import main as cli_main
 from drift_lance.config.ingest import IngestConfig, SearchTuning, StoreConfig
 from drift_lance.store import TableInfo
-from ingest.calibrate import RecallEstimate, calibrate_probes, probe_ladder, sample_queries
+from ingest.calibrate import RecallEstimate, calibrate_probes, sample_queries
 
 ROWS, DIM, PARTITIONS = 4000, 16, 64
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections import defaultdict
 from pathlib import Path
 
 import networkx as nx
