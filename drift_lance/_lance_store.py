@@ -33,7 +33,7 @@ from drift_lance._cache import BoundedCache
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config.ingest import SearchTuning, StoreConfig
 from drift_lance.errors import StoreError
-from drift_lance.object_store import is_local_uri, merge_storage_options, resolve_storage_options
+from drift_lance.object_store import connect_uri, is_local_uri, merge_storage_options, resolve_storage_options
 from drift_lance.store import Manifest, TableInfo
 
 __all__ = ["LanceStore", "ann_query", "list_table_names", "open_store", "read_manifests", "sql_literal"]
@@ -564,7 +564,7 @@ async def open_store(
             index_cache_size_bytes=config.index_cache_bytes, metadata_cache_size_bytes=config.metadata_cache_bytes
         )
     try:
-        db = await lancedb.connect_async(uri, storage_options=options, session=session)
+        db = await lancedb.connect_async(connect_uri(uri), storage_options=options, session=session)
         manifests = await read_manifests(db, uri)
     except StoreError:
         raise

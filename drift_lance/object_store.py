@@ -31,6 +31,16 @@ def is_local_uri(uri: str) -> bool:
     return scheme in ("", "file") or len(scheme) == 1  # one letter: a Windows drive
 
 
+def connect_uri(uri: str) -> str:
+    """`uri` as handed to `lancedb.connect_async`: a plain local path made absolute. LanceDB 0.40
+    takes a relative path that starts with "db" ("db.lancedb", "db/index") for a LanceDB Cloud
+    database and asks for an api_key."""
+    uri = str(uri)
+    if urlparse(uri).scheme == "":
+        return os.path.abspath(os.path.expanduser(uri))
+    return uri
+
+
 def merge_storage_options(*sources: Mapping[str, str] | None) -> dict[str, str]:
     """Later sources win; keys are compared case-insensitively (object_store lower-cases them)."""
     merged: dict[str, str] = {}

@@ -124,6 +124,7 @@ class _RecallProbe:
     def __init__(self, handle: Any, info: TableInfo, matrix: np.ndarray, ids: pl.Series, queries: np.ndarray, tuning: SearchTuning) -> None:
         self.handle, self.info, self.tuning = handle, info, tuning
         self.matrix, self.queries = matrix, queries
+        self.k = min(K, matrix.shape[0])  # a table of fewer than 10 rows has only that many to find
         self.first_look = min(FIRST_LOOK, len(queries))
         self.kth = np.full(len(queries), np.nan, dtype=np.float32)
         self._score_truth(0, self.first_look)
@@ -155,11 +156,11 @@ class _RecallProbe:
                 return (await q.to_arrow()).column("id").to_pylist()
 
         found = await asyncio.gather(*(ids_found(q) for q in self.queries[start:stop]))
-        return self._hits(found, start) / K
+        return self._hits(found, start) / self.k
 
     def _hits(self, found: Sequence[Sequence[Any]], start: int) -> np.ndarray:
         """Per query (the queries from `start` on), how many of its results score at least its k-th
-        exact score (at most K)."""
+        exact score (at most k)."""
         query_of = np.repeat(np.arange(len(found)), [len(ids) for ids in found])
         flat = pl.Series("id", [i for ids in found for i in ids], dtype=self.rows_by_id["id"].dtype)
         results = pl.DataFrame({"id": flat, "query": query_of})
@@ -168,7 +169,7 @@ class _RecallProbe:
         rows, queries = located["row"].to_numpy(), located["query"].to_numpy()
         scores = np.einsum("ij,ij->i", self.matrix[rows], self.queries[start + queries])
         hits = np.bincount(queries[scores >= self.kth[start + queries] - TIE_TOLERANCE], minlength=len(found))
-        return np.minimum(hits, K)
+        return np.minimum(hits, self.k)
 
 
 async def _bisect(

@@ -183,7 +183,11 @@ def find_reusable(root: Path, table: str, raw_columns: dict[str, pa.ChunkedArray
     for name in LANCEDB_TABLES[table][:1]:
         path = root / f"embeddings.{name}.parquet"
         if path.exists():
-            return _from_arrow(pq.read_table(path), str(path), "embeddings-parquet")
+            try:
+                vectors = pq.read_table(path)
+            except (OSError, pa.ArrowException) as exc:
+                raise IngestError(f"{path}: cannot read embeddings parquet: {exc}") from exc
+            return _from_arrow(vectors, str(path), "embeddings-parquet")
     for column in PARQUET_COLUMNS[table]:
         if column in raw_columns:
             where = f"{parquet}: column {column!r}"

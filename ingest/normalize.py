@@ -122,6 +122,16 @@ def _fill_lists(series: pl.Series) -> pl.Series:
     return series.fill_null(pl.Series(values=[[]], dtype=series.dtype))
 
 
+def _citation_ids(table: _Table, default: pl.Series) -> pl.Series:
+    """`human_readable_id`, the id answers cite ("[Data: Entities (4, 5)]"): set on every row and
+    unique when the table has it (graphrag numbers the rows), else `default`."""
+    if not table.has("human_readable_id"):
+        return default
+    ids = table.typed("human_readable_id", _I64, not_null=True)
+    _check_unique(table, "human_readable_id", ids)
+    return ids
+
+
 def _check_unique(table: _Table, column: str, values: pl.Series) -> None:
     dupes = values.filter(values.is_duplicated()).unique(maintain_order=True)
     if len(dupes):
@@ -164,7 +174,7 @@ def _entities(t: _Table, memberships: pl.DataFrame, degrees: dict[str, int]) -> 
         schema.ENTITIES,
         {
             "id": ids,
-            "human_readable_id": t.typed("human_readable_id", _I64) if t.has("human_readable_id") else _row_numbers(n),
+            "human_readable_id": _citation_ids(t, _row_numbers(n)),
             "title": titles,
             "type": t.typed("type", _STR) if t.has("type") else pl.Series([None] * n, dtype=_STR),
             "description": (t.typed("description", _STR) if t.has("description") else pl.Series([""] * n)).fill_null(""),
@@ -201,7 +211,7 @@ def _relationships(t: _Table, degrees: dict[str, int]) -> pl.DataFrame:
         schema.RELATIONSHIPS,
         {
             "id": ids,
-            "human_readable_id": t.typed("human_readable_id", _I64) if t.has("human_readable_id") else _row_numbers(n),
+            "human_readable_id": _citation_ids(t, _row_numbers(n)),
             "source": source,
             "target": target,
             "description": (t.typed("description", _STR) if t.has("description") else pl.Series([""] * n)).fill_null(""),
@@ -265,7 +275,7 @@ def _communities(t: _Table, node_members: pl.DataFrame | None) -> pl.DataFrame:
         schema.COMMUNITIES,
         {
             "id": ids,
-            "human_readable_id": t.typed("human_readable_id", _I64) if t.has("human_readable_id") else community,
+            "human_readable_id": _citation_ids(t, community),
             "community": community,
             "level": level,
             "parent": parent,
@@ -317,7 +327,7 @@ def _community_reports(t: _Table, communities: pl.DataFrame) -> pl.DataFrame:
         schema.COMMUNITY_REPORTS,
         {
             "id": ids,
-            "human_readable_id": t.typed("human_readable_id", _I64) if t.has("human_readable_id") else community,
+            "human_readable_id": _citation_ids(t, community),
             "community": community,
             "level": level,
             "parent": own_or_community("parent", _I64).fill_null(-1),
@@ -362,7 +372,7 @@ def _text_units(t: _Table, entities: pl.DataFrame, relationships: pl.DataFrame, 
         schema.TEXT_UNITS,
         {
             "id": ids,
-            "human_readable_id": t.typed("human_readable_id", _I64) if t.has("human_readable_id") else _row_numbers(n),
+            "human_readable_id": _citation_ids(t, _row_numbers(n)),
             "text": t.typed(t.need("text", "chunk"), _STR, not_null=True),
             "n_tokens": t.typed("n_tokens", _I64) if t.has("n_tokens") else pl.Series([None] * n, dtype=_I64),
             "document_ids": documents,
@@ -393,7 +403,7 @@ def _covariates(t: _Table) -> pl.DataFrame:
         schema.COVARIATES,
         {
             "id": ids,
-            "human_readable_id": t.typed("human_readable_id", _I64) if t.has("human_readable_id") else _row_numbers(n),
+            "human_readable_id": _citation_ids(t, _row_numbers(n)),
             "covariate_type": _optional_str(t, "covariate_type"),
             "type": _optional_str(t, "type"),
             "description": _optional_str(t, "description"),

@@ -31,7 +31,7 @@ from drift_lance import schema
 from drift_lance._lance_store import list_table_names, read_manifests
 from drift_lance.config.ingest import IngestConfig, VectorIndexConfig
 from drift_lance.errors import StoreError
-from drift_lance.object_store import resolve_storage_options
+from drift_lance.object_store import connect_uri, resolve_storage_options
 from drift_lance.store import Manifest, TableInfo, VectorColumnInfo
 from ingest.calibrate import calibrate_probes
 from ingest.embeddings import TableVectors
@@ -115,7 +115,7 @@ class IndexWriter:
         try:
             # Fill what LanceDB does not infer from the environment (allow_http for an http:// endpoint).
             self.storage_options = resolve_storage_options(self.uri, self.storage_options)
-            self._db = await lancedb.connect_async(self.uri, storage_options=self.storage_options)
+            self._db = await lancedb.connect_async(connect_uri(self.uri), storage_options=self.storage_options)
             manifests = await read_manifests(self._db, self.uri)
         except StoreError:
             raise
@@ -215,6 +215,11 @@ class IndexWriter:
             return None, {}
         dim = int(table.vectors.matrix.shape[1])
         config = self.config.vector_index
+        if config.type == "IVF_RQ" and dim % 8:
+            # LanceDB's RaBitQ codes need a multiple of 8 dimensions; IVF_FLAT takes any.
+            log.warning("table %r: %d-d vectors cannot be IVF_RQ-indexed (needs a multiple of 8); building IVF_FLAT",
+                        table.name, dim)
+            config = config.model_copy(update={"type": "IVF_FLAT"})
         await handle.create_index(schema.VECTOR, config=_vector_index(config, rows, dim), replace=True)
         return config.type, index_params(config, rows, dim)
 

@@ -91,6 +91,22 @@ async def test_calibration_picks_the_fewest_probes_that_reach_the_target(random_
     assert lower is not None and lower.nprobes < found.nprobes
 
 
+async def test_a_table_of_fewer_than_10_rows_is_fully_recalled(tmp_path):
+    """recall@10 of a 6-row table is the share of its 6 rows found, not of 10."""
+    rng = np.random.default_rng(3)
+    matrix = rng.standard_normal((6, DIM)).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    ids = pl.Series("id", [f"e{i}" for i in range(6)])
+    data = pa.table({"id": ids.to_arrow(), schema.VECTOR: pa.FixedSizeListArray.from_arrays(pa.array(matrix.ravel()), DIM)})
+    from lancedb.index import IvfFlat
+
+    table = await (await lancedb.connect_async(str(tmp_path / "db"))).create_table("t", data=data)
+    await table.create_index(schema.VECTOR, config=IvfFlat(num_partitions=2, distance_type="cosine"))
+    info = TableInfo(name="t", version=await table.version(), rows=6, vector_index="IVF_FLAT", vector_index_params={"num_partitions": 2})
+    found = await calibrate_probes(table, info, matrix, ids, target=0.97, queries=20, tuning=SearchTuning(min_nprobes=1))
+    assert found is not None and found.recall_at_10 == 1.0 and found.nprobes <= 2
+
+
 async def test_probes_never_go_below_the_min_nprobes_floor(random_table):
     uri, info, matrix, ids = random_table
     table = await (await lancedb.connect_async(uri)).open_table("t")

@@ -100,6 +100,15 @@ def test_bad_config_file_names_file_and_field(tmp_path):
     assert str(config) in line and "service.max_concurrent_searches" in line
 
 
+def test_a_failure_inside_concurrent_work_is_reported_by_its_cause(dulce_dir, tmp_path):
+    """Ingest embeds its tables concurrently; without credentials each fails, and the message must
+    be the cause, not "unhandled errors in a TaskGroup"."""
+    proc = drift_lance("ingest", str(dulce_dir), "--db", str(tmp_path / "db"), "--embedder", "openai", "--reembed", "--no-progress")
+    assert proc.returncode == 1 and "TaskGroup" not in proc.stderr, proc.stderr
+    assert "OpenAIError: Missing credentials" in proc.stderr and "OPENAI_API_KEY" in proc.stderr
+    assert not (tmp_path / "db").exists()
+
+
 def test_verbose_shows_the_traceback(tmp_path):
     proc = drift_lance("--verbose", "serve", "--db", str(tmp_path / "no-such-db"))
     assert proc.returncode != 0

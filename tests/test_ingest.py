@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -249,6 +250,11 @@ def _vectors_parquet(rows: Callable[[list[str]], list]) -> Callable[[Path], None
     return mutate
 
 
+def _corrupt_vectors_parquet(root: Path) -> None:
+    shutil.rmtree(root / "lancedb")
+    (root / "embeddings.entity_description.parquet").write_bytes(b"garbage")
+
+
 BAD_INPUTS = {
     "missing required table": (_drop_table("relationships.parquet"), ["relationships.parquet", "relationships"]),
     "missing column": (_change("entities.parquet", lambda f: f.drop("title")), ["entities.parquet", "'title'"]),
@@ -268,6 +274,15 @@ BAD_INPUTS = {
         _change("text_units.parquet", lambda f: f.with_columns(pl.lit(None, dtype=pl.String).alias("id"))),
         ["text_units.parquet", "'id'"],
     ),
+    "null citation ids": (
+        _change("entities.parquet", lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) < 3).then(None).otherwise(pl.col("human_readable_id")).alias("human_readable_id"))),
+        ["entities.parquet", "'human_readable_id'"],
+    ),
+    "duplicate citation ids": (
+        _change("relationships.parquet", lambda f: f.with_columns(pl.lit(7).alias("human_readable_id"))),
+        ["relationships.parquet", "'human_readable_id'", "duplicated"],
+    ),
+    "corrupt embeddings parquet": (_corrupt_vectors_parquet, ["embeddings.entity_description.parquet", "cannot read"]),
     "empty table": (_change("community_reports.parquet", lambda f: f.head(0)), ["community_reports.parquet", "empty"]),
     "mixed vector dimensions": (
         _vectors_parquet(lambda ids: [[0.1] * (4 if i else 5) for i, _ in enumerate(ids)]),
@@ -448,3 +463,54 @@ def test_cli_ingest_and_inspect(dulce_dir, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "text-embedding-3-large" in text and "community_reports" in text
     assert cli_main(["inspect", "--db", str(tmp_path / "empty")]) == 2
+
+
+def test_cli_ingest_reads_the_settings_files_models_and_ingest_sections(carol_dir, tmp_path, capsys, monkeypatch):
+    """One settings file for ingest and query: its models section embeds the missing vectors, its
+    ingest section applies, and flags win over it."""
+    settings = tmp_path / "drift-lance.toml"
+    settings.write_text('[models]\nembedding_backend = "hash"\nembedding_dimension = 32\n'
+                        "[ingest]\nann_min_rows = 5\ntarget_recall = 0.9\n")
+    uri = str(tmp_path / "db")
+    monkeypatch.setenv("DRIFT_LANCE_CONFIG", str(settings))
+    assert cli_main(["ingest", str(carol_dir), "--db", uri, "--ann-min-rows", "1000000", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert cli_main(["inspect", "--db", uri, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert {table: (v["dimension"], v["model"]) for table, v in info["manifest"]["vectors"].items()} == {
+        table: (32, "hash-embedder") for table in ("entities", "community_reports", "text_units")
+    }
+    assert not any(table.get("vector_index") for table in info["manifest"]["tables"].values())  # the flag won
+
+    assert cli_main(["ingest", str(carol_dir), "--db", uri, "--config", str(settings), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert cli_main(["inspect", "--db", uri, "--json"]) == 0
+    tables = json.loads(capsys.readouterr().out)["manifest"]["tables"]
+    assert tables["entities"]["vector_index"] and tables["entities"]["calibration"]["target_recall"] == 0.9
+
+
+def test_relative_db_path_starting_with_db_is_a_local_folder(dulce_dir, tmp_path, capsys, monkeypatch):
+    """LanceDB alone takes "db.lancedb" for a LanceDB Cloud database and asks for an api_key."""
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["ingest", str(dulce_dir), "--db", "db.lancedb", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert cli_main(["inspect", "--db", "db.lancedb", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tables"]["entities"]["rows"] == 39
+    assert (tmp_path / "db.lancedb" / "entities.lance").is_dir()
+
+
+async def test_vectors_of_a_dimension_ivf_rq_cannot_take_get_an_ivf_flat_index(tmp_path, caplog):
+    """LanceDB's IVF_RQ needs a multiple of 8 dimensions: the default index falls back, it does not
+    fail the ingest after everything was written."""
+    from ingest.synthetic import generate_index
+
+    src = generate_index(tmp_path / "src", n_entities=1200, dim=20, seed=2)
+    with caplog.at_level(logging.WARNING):
+        report = await ingest.run_ingest(src, str(tmp_path / "db"), config=IngestConfig(ann_min_rows=1000, target_recall=None),
+                                         embedder=HashEmbedder(20), progress=False)
+    assert report.manifest.tables["entities"].vector_index == "IVF_FLAT"
+    assert "table 'entities': 20-d vectors cannot be IVF_RQ-indexed" in caplog.text
+    store = await open_store(str(tmp_path / "db"))
+    query = np.asarray((await store.scan("entities", columns=["vector"], limit=1))["vector"][0], dtype=np.float32)
+    assert (await store.search("entities", query, 5)).height == 5
+    await store.close()

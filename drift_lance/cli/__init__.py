@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         if args.verbose:
             raise
-        print(f"drift-lance {args.command}: failed: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        cause = _first_leaf(exc)  # a TaskGroup's "unhandled errors in a TaskGroup" says nothing
+        if isinstance(cause, (UsageError, *_user_error_types())):
+            print(f"drift-lance {args.command}: error: {_one_line(cause)}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"drift-lance {args.command}: failed: {type(cause).__name__}: {_one_line(cause)}", file=sys.stderr)
         return EXIT_FAILURE
 
 
@@ -109,6 +113,13 @@ def run() -> NoReturn:
             sys.exit(code)
         os._exit(code)
     sys.exit(code)
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups, or `exc` itself."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _one_line(exc: BaseException) -> str:

@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"build an ANN index on tables with >= N rows (default {defaults.ann_min_rows})",
     )
     parser.add_argument(
-        "--target-recall", type=_target_recall, metavar="R", default=defaults.target_recall,
+        "--target-recall", type=_target_recall, metavar="R", default=argparse.SUPPRESS,
         help="after building an ANN index, measure recall@10 on sample queries and record the fewest probed "
         f'partitions reaching R with 95%% confidence (default {defaults.target_recall}); "off" probes a fixed share of the partitions '
         "(store.search.nprobes_fraction)",
@@ -50,6 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
         help="LanceDB storage option for object storage, e.g. aws_endpoint=http://127.0.0.1:9000 (repeatable; "
         "adds to `store.storage_options` from $DRIFT_LANCE_CONFIG / DRIFT_LANCE_STORE__STORAGE_OPTIONS)",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="drift-lance settings file (TOML/YAML; default $DRIFT_LANCE_CONFIG): its `ingest`, `models` and "
+        "`store` sections apply, flags win",
     )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.set_defaults(func=run)
@@ -79,39 +84,33 @@ def parse_storage_options(pairs: list[str]) -> dict[str, str] | None:
     return options or None
 
 
-def _storage_options(pairs: list[str]) -> dict[str, str] | None:
-    """`store.storage_options` from the settings (file named by DRIFT_LANCE_CONFIG, environment),
-    overridden by --storage-option flags."""
-    from drift_lance.config.settings import Settings
-    from drift_lance.object_store import merge_storage_options
-
-    return merge_storage_options(Settings.load().store.storage_options, parse_storage_options(pairs)) or None
-
-
 def run(args: argparse.Namespace) -> int:
     import ingest
-    from drift_lance.config.ingest import IngestConfig
+    from drift_lance.config.settings import Settings
+    from drift_lance.models import get_embedder
+    from drift_lance.object_store import merge_storage_options
+    from ingest.embeddings import LazyEmbedder
 
-    config = IngestConfig()
+    # The settings file and environment, as `query` and `serve` read them: the same models section
+    # embeds at ingest and at query time.
+    settings = Settings.load(args.config)
+    overrides: dict[str, Any] = {}
     if args.ann_min_rows is not None:
-        config.ann_min_rows = args.ann_min_rows
-    config.target_recall = args.target_recall
-    embedder = None
+        overrides["ann_min_rows"] = args.ann_min_rows
+    if hasattr(args, "target_recall"):
+        overrides["target_recall"] = args.target_recall
+    config = settings.ingest.model_copy(update=overrides)
+    models = settings.models
     if args.embedder:
-        from drift_lance.config.models import ModelSettings
-        from drift_lance.models import get_embedder
-        from ingest.embeddings import LazyEmbedder
-
-        name = args.embedder
-        embedder = LazyEmbedder(lambda: get_embedder(ModelSettings(embedding_backend=name)))
+        models = models.model_copy(update={"embedding_backend": args.embedder})
     report = ingest.ingest(
         args.src,
         args.db,
         config=config,
-        embedder=embedder,
+        embedder=LazyEmbedder(lambda: get_embedder(models)),
         reembed=args.reembed,
         embedding_model=args.embedding_model,
-        storage_options=_storage_options(args.storage_options),
+        storage_options=merge_storage_options(settings.store.storage_options, parse_storage_options(args.storage_options)) or None,
         progress=args.progress,
     )
     print_summary(report, sys.stdout)
