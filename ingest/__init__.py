@@ -22,6 +22,7 @@ from drift_lance import schema
 from drift_lance.config.ingest import IngestConfig
 from drift_lance.errors import IngestError
 from drift_lance.models.base import Embedder
+from drift_lance.models.compat import NATIVE_EMBEDDING_DIMS, normalise_model_id
 from drift_lance.store import Manifest
 from ingest.embeddings import TableVectors, align, compute, find_reusable
 from ingest.layouts import SourceIndex, detect_layout
@@ -57,27 +58,21 @@ class IngestReport(BaseModel):
         return sum(self.rows.values()) / total if total else 0.0
 
 
-async def _vectors_for(
-    norm: NormalizedIndex,
-    table: str,
-    *,
-    embedder_factory: Any,
-    reembed: bool,
-    embedding_model: str | None,
-    config: IngestConfig,
-    progress: bool,
-) -> tuple[TableVectors, int]:
+def _reused_vectors(norm: NormalizedIndex, table: str, embedding_model: str | None) -> TableVectors | None:
+    """GraphRAG's own vectors for `table`, in row order, or None when the index has none."""
     frame = norm.tables[table]
     ids = frame["id"].to_list()
-    if not reembed:
-        raw = norm.raw[table].to_arrow()
-        raw_columns = {name: raw.column(name) for name in raw.column_names}
-        found = find_reusable(norm.root, table, raw_columns, ids, norm.files[table])
-        if found is not None:
-            matrix = align(found, ids, table)
-            return TableVectors(matrix, embedding_model or "unknown", found.source, found.origin), 0
-    embedder: Embedder = embedder_factory()
-    texts = embedding_texts(table, frame)
+    raw = norm.raw[table].to_arrow()
+    raw_columns = {name: raw.column(name) for name in raw.column_names}
+    found = find_reusable(norm.root, table, raw_columns, ids, norm.files[table])
+    if found is None:
+        return None
+    return TableVectors(align(found, ids, table), embedding_model or "unknown", found.source, found.origin)
+
+
+async def _computed_vectors(norm: NormalizedIndex, table: str, embedder: Embedder, config: IngestConfig,
+                            progress: bool) -> tuple[TableVectors, int]:
+    texts = embedding_texts(table, norm.tables[table])
     matrix = await compute(texts, embedder, batch_size=config.embed_batch_size, desc=f"embed {table}", progress=progress)
     return TableVectors(matrix, embedder.model_id, "computed", embedder.model_id), len(texts)
 
@@ -105,30 +100,60 @@ async def prepare(
             cached.append(get_embedder())
         return cached[0]
 
-    prepared, computed = [], 0
-    for name in _WRITE_ORDER:
-        if name not in norm.tables:
-            continue
-        vectors = None
-        if name in schema.VECTOR_TABLES:
-            vectors, n = await _vectors_for(
-                norm,
-                name,
-                embedder_factory=embedder_factory,
-                reembed=reembed,
-                embedding_model=embedding_model,
-                config=config,
-                progress=progress,
-            )
+    vectors: dict[str, TableVectors] = {}
+    if not reembed:
+        for name in schema.VECTOR_TABLES:
+            if name in norm.tables and (found := _reused_vectors(norm, name, embedding_model)) is not None:
+                vectors[name] = found
+    _check_reused_dimensions(list(vectors.values()))
+    if vectors and embedding_model:
+        _check_recorded_model(next(iter(vectors.values())), embedding_model)
+    missing = [name for name in _WRITE_ORDER if name in schema.VECTOR_TABLES and name in norm.tables and name not in vectors]
+    computed = 0
+    if missing:
+        model = embedder_factory()
+        reused = next(iter(vectors.values()), None)
+        if reused is not None:  # checked before embedding anything (a remote model may take hours)
+            _check_one_space(reused, model.model_id, model.dimension, missing[0], embedding_model)
+        for name in missing:
+            vectors[name], n = await _computed_vectors(norm, name, model, config, progress)
             computed += n
-        prepared.append(PreparedTable(name, norm.tables[name], vectors))
-    _check_reused_dimensions(prepared)
+            if reused is not None:  # a model of unknown dimension is known now
+                _check_one_space(reused, model.model_id, vectors[name].matrix.shape[1], name, embedding_model)
+    prepared = [PreparedTable(name, norm.tables[name], vectors.get(name)) for name in _WRITE_ORDER if name in norm.tables]
     return source, prepared, computed
 
 
-def _check_reused_dimensions(tables: list[PreparedTable]) -> None:
+def _check_one_space(reused: TableVectors, model_id: str, dimension: int, table: str, embedding_model: str | None) -> None:
+    """Vectors computed for `table` must be comparable with the index's reused ones: one database,
+    one embedding space (a query embeds once and searches every table with that vector)."""
+    advice = ("embed the missing tables with the model that made the index's vectors (--embedder / "
+              "models.embedding_model), or use --reembed to recompute every table with this one")
+    if dimension and dimension != reused.matrix.shape[1]:
+        raise IngestError(
+            f"{reused.origin}: the index's own vectors are {reused.matrix.shape[1]}-d, but table {table!r} has none and "
+            f"the configured embedder {model_id!r} makes {dimension}-d vectors; {advice}"
+        )
+    if embedding_model and normalise_model_id(embedding_model) != normalise_model_id(model_id):
+        raise IngestError(
+            f"{reused.origin}: the index's own vectors are from {embedding_model!r} (--embedding-model), but table "
+            f"{table!r} has none and the configured embedder is {model_id!r}; {advice}"
+        )
+
+
+def _check_recorded_model(reused: TableVectors, embedding_model: str) -> None:
+    """--embedding-model names the model that made the index's vectors: an OpenAI model whose full
+    dimension is below theirs cannot have (text-embedding-3-* can be shortened, not lengthened)."""
+    native = NATIVE_EMBEDDING_DIMS.get(normalise_model_id(embedding_model).rsplit("/", 1)[-1])
+    if native is not None and reused.matrix.shape[1] > native:
+        raise IngestError(
+            f"{reused.origin}: vectors have dimension {reused.matrix.shape[1]}, but --embedding-model "
+            f"{embedding_model!r} makes at most {native}-d vectors; name the model that embedded this index"
+        )
+
+
+def _check_reused_dimensions(reused: list[TableVectors]) -> None:
     """A GraphRAG index embeds everything with one model, so its reused vectors share one dimension."""
-    reused = [t.vectors for t in tables if t.vectors is not None and t.vectors.source != "computed"]
     dims = {v.matrix.shape[1] for v in reused}
     if len(dims) > 1:
         # name the odd one out: the dimension held by the fewest tables

@@ -159,6 +159,54 @@ async def test_carol_with_embedded_default_embedder(carol_db_uri):
     await store.close()
 
 
+def _with_entity_vectors(dim: int) -> Callable[[Path], None]:
+    """Only the entities carry vectors, as pre-1.0 graphrag embedded by default."""
+    rng = np.random.default_rng(4)
+
+    def mutate(root: Path) -> None:
+        rewrite(root / "create_final_entities.parquet", lambda f: f.with_columns(
+            pl.Series("description_embedding", rng.normal(size=(f.height, dim)).tolist(), dtype=pl.List(pl.Float64))))
+
+    return mutate
+
+
+class _UnsizedHashEmbedder(HashEmbedder):
+    """A remote model whose dimension is only known from its first vectors."""
+
+    def __init__(self, makes: int):
+        super().__init__(makes)
+        self.makes, self.dimension = makes, 0
+
+    def embed_sync(self, texts):
+        self.dimension = self.makes
+        return super().embed_sync(texts)
+
+
+@pytest.mark.parametrize(
+    ("embedder", "embedding_model", "expected"),
+    [
+        (HashEmbedder(16), None, ["own vectors are 8-d", "'community_reports' has none", "makes 16-d vectors"]),
+        (_UnsizedHashEmbedder(16), None, ["own vectors are 8-d", "makes 16-d vectors"]),
+        (HashEmbedder(8), "text-embedding-3-small", ["from 'text-embedding-3-small'", "configured embedder is 'hash-embedder'"]),
+    ],
+    ids=["other dimension", "other dimension found on its first vectors", "other model"],
+)
+async def test_missing_vectors_must_be_computed_in_the_index_embedding_space(carol_dir, tmp_path, embedder, embedding_model, expected):
+    src = copy_index(carol_dir, tmp_path / "src", _with_entity_vectors(8))
+    with pytest.raises(IngestError) as err:
+        await ingest.run_ingest(src, str(tmp_path / "db"), embedder=embedder, embedding_model=embedding_model, progress=False)
+    for fragment in [*expected, "create_final_entities.parquet", "--reembed"]:
+        assert fragment in str(err.value), str(err.value)
+    assert not (tmp_path / "db").exists()
+    if isinstance(embedder, _UnsizedHashEmbedder):
+        assert len(embedder.calls) == 1  # stopped after the first table it embedded
+    else:
+        assert embedder.calls == []  # refused before embedding anything
+    # the index's own model, even one whose dimension the client learns from its first answer
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), embedder=_UnsizedHashEmbedder(8), progress=False)
+    assert {v.dimension for v in report.manifest.vectors.values()} == {8}
+
+
 async def test_old_name_and_embedding_column_variant(carol_dir, tmp_path):
     """graphrag 0.4: entity `name`, vectors in `description_embedding`, `source_id` strings."""
     rng = np.random.default_rng(1)
@@ -175,7 +223,7 @@ async def test_old_name_and_embedding_column_variant(carol_dir, tmp_path):
 
     src = copy_index(carol_dir, tmp_path / "src", to_04)
     report = await ingest.run_ingest(
-        src, str(tmp_path / "db"), embedder=HashEmbedder(8), embedding_model="old-ada", progress=False
+        src, str(tmp_path / "db"), embedder=HashEmbedder(8, model_id="old-ada"), embedding_model="old-ada", progress=False
     )
     assert report.manifest.layout == "graphrag-0.4"
     assert report.manifest.vectors["entities"].source == "parquet-column"
@@ -514,3 +562,10 @@ async def test_vectors_of_a_dimension_ivf_rq_cannot_take_get_an_ivf_flat_index(t
     query = np.asarray((await store.scan("entities", columns=["vector"], limit=1))["vector"][0], dtype=np.float32)
     assert (await store.search("entities", query, 5)).height == 5
     await store.close()
+
+
+async def test_recorded_embedding_model_must_fit_the_vectors(dulce_dir, tmp_path):
+    with pytest.raises(IngestError, match=r"entity_description.lance: vectors have dimension 3072, but --embedding-model "
+                                          r"'text-embedding-3-small' makes at most 1536-d"):
+        await ingest.run_ingest(dulce_dir, str(tmp_path / "db"), embedding_model="text-embedding-3-small", progress=False)
+    assert not (tmp_path / "db").exists()

@@ -15,6 +15,14 @@ UNKNOWN_MODEL = "unknown"
 _PROVIDER_PREFIX = re.compile(r"^(openai|azure|azure_openai)[/:]", re.IGNORECASE)
 
 
+# OpenAI's embedding models and their full dimension (text-embedding-3-* can be asked for fewer).
+NATIVE_EMBEDDING_DIMS = {
+    "text-embedding-3-large": 3072,
+    "text-embedding-3-small": 1536,
+    "text-embedding-ada-002": 1536,
+}
+
+
 def normalise_model_id(model: str) -> str:
     """Compare model ids case-insensitively and without an "openai/" or "azure/" provider prefix."""
     return _PROVIDER_PREFIX.sub("", model.strip()).lower()

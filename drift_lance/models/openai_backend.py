@@ -45,6 +45,7 @@ from tenacity.wait import wait_base
 
 from drift_lance.config.models import ModelSettings
 from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, Usage
+from drift_lance.models.compat import NATIVE_EMBEDDING_DIMS, normalise_model_id
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
 from drift_lance.models.structured import parse_structured, response_format_for, schema_instruction
 from drift_lance.models.tokens import tokenizer_for_model
@@ -57,11 +58,6 @@ OPENAI_DEFAULT_ENDPOINT = "https://api.openai.com/v1"
 _NO_KEY = "sk-no-key-required"  # the SDK insists on a key; local servers ignore it
 _RETRYABLE_STATUS = {408, 409, 429}
 _MODE_UNSUPPORTED_STATUS = {400, 422}
-_KNOWN_EMBEDDING_DIMS = {
-    "text-embedding-3-large": 3072,
-    "text-embedding-3-small": 1536,
-    "text-embedding-ada-002": 1536,
-}
 
 # Structured-output steps, most to least constrained; each is (name, response_format kind).
 _STEPS = ("json_schema", "json_object_schema", "json_object", "prompt")
@@ -540,7 +536,7 @@ class OpenAIEmbedder:
         self._endpoint = _Endpoint(settings, model=model, embeddings=True)
         self._float_only = False  # set when the server rejects encoding_format=base64
         # 0 = not known until the first response (an unlisted model on a custom server)
-        self.dimension = settings.embedding_dimension or _KNOWN_EMBEDDING_DIMS.get(model.rsplit("/", 1)[-1], 0)
+        self.dimension = settings.embedding_dimension or NATIVE_EMBEDDING_DIMS.get(normalise_model_id(model).rsplit("/", 1)[-1], 0)
 
     async def aclose(self) -> None:
         await self._endpoint.aclose()
