@@ -30,7 +30,7 @@ import drift_lance
 from drift_lance import schema
 from drift_lance._lance_store import list_table_names, read_manifests
 from drift_lance.config.ingest import IngestConfig, VectorIndexConfig
-from drift_lance.errors import StoreError
+from drift_lance.errors import IngestError, StoreError
 from drift_lance.object_store import connect_uri, resolve_storage_options
 from drift_lance.store import Manifest, TableInfo, VectorColumnInfo
 from ingest.calibrate import calibrate_probes
@@ -122,7 +122,22 @@ class IndexWriter:
         except Exception as exc:  # noqa: BLE001 - connection errors differ per backend
             raise StoreError(f"{self.uri}: cannot open LanceDB database: {exc}") from exc
         self._previous = manifests[-1] if manifests else None
+        if self._previous is None:
+            await self._check_no_foreign_tables()
         return self._previous
+
+    async def _check_no_foreign_tables(self) -> None:
+        """A first ingest overwrites its tables and deletes their older versions: refuse a database
+        whose tables of our names were not written by drift-lance (their columns differ). Ours left
+        by an interrupted first ingest are simply overwritten."""
+        for name in sorted(set(schema.ALL_TABLES) & await list_table_names(self._db)):
+            columns = (await (await self._db.open_table(name)).schema()).names
+            ours = [column for column, _ in schema.COLUMNS[name]]
+            if [c for c in columns if c != schema.VECTOR] != ours:
+                raise StoreError(
+                    f"{self.uri}: table {name!r} exists and was not written by drift-lance (columns "
+                    f"{', '.join(columns[:6])}{', ...' if len(columns) > 6 else ''}); ingest into an empty folder or prefix"
+                )
 
     async def write(
         self,
@@ -154,6 +169,7 @@ class IndexWriter:
                 drift_lance_version=drift_lance.__version__,
                 options=options,
             )
+            await self._check_no_newer_generation()
             await self._append_manifest(manifest)
         except BaseException:
             await self._rollback()
@@ -223,6 +239,20 @@ class IndexWriter:
         await handle.create_index(schema.VECTOR, config=_vector_index(config, rows, dim), replace=True)
         return config.type, index_params(config, rows, dim)
 
+    async def _check_no_newer_generation(self) -> None:
+        """Another ingest into the same database may have committed while this one wrote (two
+        writers would otherwise both commit the same generation number, and replicas that already
+        switched to the first would never see the second). The later one gives way: rolled back,
+        nothing committed. Object stores have no lock to take, so this is checked at commit."""
+        latest = await read_manifests(self._db, self.uri)
+        expected = self._previous.generation if self._previous else None
+        found = latest[-1].generation if latest else None
+        if found != expected:
+            raise IngestError(
+                f"{self.uri}: another ingest committed generation {found} while this one ran (it started from "
+                f"{'generation ' + str(expected) if expected else 'an empty database'}); nothing was committed, run it again"
+            )
+
     async def _append_manifest(self, manifest: Manifest) -> None:
         row = pa.table(
             {
@@ -269,6 +299,12 @@ class IndexWriter:
                 )
             except Exception as exc:  # noqa: BLE001 - cleanup failing must not fail a finished ingest
                 log.warning("%s: could not clean up old versions of table %r: %s", self.uri, name, exc)
+        if self._previous is not None:  # generations before the previous one have no data left
+            try:
+                manifests = await self._db.open_table(schema.MANIFEST_TABLE)
+                await manifests.delete(f"generation < {self._previous.generation}")
+            except Exception as exc:  # noqa: BLE001 - as above
+                log.warning("%s: could not drop the manifests of cleaned-up generations: %s", self.uri, exc)
 
 
 def _batches(arrow: pa.Table, rows: int) -> pa.RecordBatchReader:

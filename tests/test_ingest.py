@@ -15,14 +15,15 @@ from pathlib import Path
 import lancedb
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pytest
 
 import ingest
 from drift_lance import schema
-from drift_lance._lance_store import open_store
+from drift_lance._lance_store import list_table_names, open_store
 from drift_lance.cli import main as cli_main
 from drift_lance.config.ingest import IngestConfig
-from drift_lance.errors import IngestError
+from drift_lance.errors import IngestError, StoreError
 from drift_lance.testing import HashEmbedder
 from ingest.writer import PAUSE_ENV, IndexWriter
 
@@ -477,6 +478,47 @@ def test_killed_ingest_leaves_previous_database_usable(dulce_dir, tmp_path):
     # the next ingest of the same source completes normally
     report = ingest.ingest(src, uri, progress=False)
     assert report.manifest.generation == 2 and report.rows["entities"] == 38
+
+
+async def test_of_two_concurrent_ingests_the_later_commit_gives_way(dulce_dir, tmp_path):
+    """Two ingests into one database: the one that commits second finds a generation it did not start
+    from, rolls back and commits nothing (object stores have no lock, so this is checked at commit)."""
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(dulce_dir, uri, progress=False)
+    config = IngestConfig()
+    source, tables, _ = await ingest.prepare(dulce_dir, config=config, progress=False)
+    slow = IndexWriter(uri, config, None, progress=False)
+    assert (await slow.open()).generation == 1
+    smaller = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.head(-1)))
+    assert (await ingest.run_ingest(smaller, uri, progress=False)).manifest.generation == 2  # the fast one
+    with pytest.raises(IngestError, match="another ingest committed generation 2 while this one ran"):
+        await slow.write(tables, source_path=str(source.root), layout=source.layout, options={})
+    store = await open_store(uri)
+    assert store.manifest.generation == 2 and await store.generations() == [1, 2]
+    assert await store.count("entities") == 38  # the fast ingest's data, pinned by its manifest
+    await store.close()
+
+
+async def test_a_first_ingest_refuses_tables_it_did_not_write(dulce_dir, tmp_path):
+    """An existing LanceDB folder with its own 'entities' table: overwriting it (and deleting its
+    versions) would destroy someone's data."""
+    uri = str(tmp_path / "shared")
+    db = await lancedb.connect_async(uri)
+    await db.create_table("entities", data=pa.table({"name": ["x"], "x": [1]}))
+    with pytest.raises(StoreError, match=r"table 'entities' exists and was not written by drift-lance \(columns name, x\)"):
+        await ingest.run_ingest(dulce_dir, uri, progress=False)
+    table = await db.open_table("entities")
+    assert await table.version() == 1 and (await table.query().to_arrow()).column("name").to_pylist() == ["x"]
+    assert set(await list_table_names(db)) == {"entities"}
+
+
+def test_generations_whose_data_was_cleaned_up_are_not_listed(dulce_dir, tmp_path, capsys):
+    uri = str(tmp_path / "db")
+    for _ in range(3):
+        assert cli_main(["ingest", str(dulce_dir), "--db", uri, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert cli_main(["inspect", "--db", uri]) == 0
+    assert "generation 3 (kept: 2, 3)" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- ANN index + CLI
