@@ -33,7 +33,7 @@ from drift_lance._cache import BoundedCache
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config.ingest import SearchTuning, StoreConfig
 from drift_lance.errors import StoreError
-from drift_lance.object_store import connect_uri, is_local_uri, merge_storage_options, resolve_storage_options
+from drift_lance.object_store import check_not_a_file, connect_uri, is_local_uri, merge_storage_options, resolve_storage_options
 from drift_lance.store import Manifest, TableInfo
 
 __all__ = ["LanceStore", "ann_query", "list_table_names", "open_store", "read_manifests", "sql_literal"]
@@ -556,6 +556,7 @@ async def open_store(
     LanceDB's caches with another store (default: a new one sized by `config`)."""
     uri = str(uri)
     config = config or StoreConfig()
+    check_not_a_file(uri)
     if "://" not in uri and not Path(uri).expanduser().exists():  # local default: say so plainly
         raise StoreError(f"{uri}: no database at this path; run `drift-lance ingest SRC --db {uri}` first")
     options = resolve_storage_options(uri, merge_storage_options(config.storage_options, storage_options))

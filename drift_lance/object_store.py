@@ -15,6 +15,8 @@ import os
 from collections.abc import Mapping
 from urllib.parse import urlparse
 
+from drift_lance.errors import StoreError
+
 __all__ = ["is_local_uri", "merge_storage_options", "resolve_storage_options"]
 
 # Spellings object_store accepts for the S3 endpoint option, and the variables it reads for it.
@@ -39,6 +41,12 @@ def connect_uri(uri: str) -> str:
     if urlparse(uri).scheme == "":
         return os.path.abspath(os.path.expanduser(uri))
     return uri
+
+
+def check_not_a_file(uri: str) -> None:
+    """A local database is a folder: say so, instead of LanceDB's multi-line NotADirectory dump."""
+    if urlparse(str(uri)).scheme == "" and os.path.isfile(os.path.expanduser(str(uri))):
+        raise StoreError(f"{uri}: is a file; a LanceDB database is a folder")
 
 
 def merge_storage_options(*sources: Mapping[str, str] | None) -> dict[str, str]:

@@ -31,7 +31,7 @@ from drift_lance import schema
 from drift_lance._lance_store import list_table_names, read_manifests
 from drift_lance.config.ingest import IngestConfig, VectorIndexConfig
 from drift_lance.errors import IngestError, StoreError
-from drift_lance.object_store import connect_uri, resolve_storage_options
+from drift_lance.object_store import check_not_a_file, connect_uri, resolve_storage_options
 from drift_lance.store import Manifest, TableInfo, VectorColumnInfo
 from ingest.calibrate import calibrate_probes
 from ingest.embeddings import TableVectors
@@ -112,6 +112,7 @@ class IndexWriter:
         self._touched: list[str] = []
 
     async def open(self) -> Manifest | None:
+        check_not_a_file(self.uri)
         try:
             # Fill what LanceDB does not infer from the environment (allow_http for an http:// endpoint).
             self.storage_options = resolve_storage_options(self.uri, self.storage_options)

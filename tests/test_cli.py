@@ -89,6 +89,15 @@ def test_missing_database_is_one_line_and_exit_2(tmp_path, args):
     assert_one_line_error(proc, args[0], "no-such-db")
 
 
+@pytest.mark.parametrize("command", ["ingest", "inspect"])
+def test_a_file_given_as_the_database_is_one_line_and_exit_2(tmp_path, dulce_dir, command):
+    afile = tmp_path / "index.lancedb"
+    afile.write_text("not a database")
+    args = ("ingest", str(dulce_dir), "--db", str(afile), "--no-progress") if command == "ingest" else ("inspect", "--db", str(afile))
+    assert_one_line_error(drift_lance(*args), command, "index.lancedb: is a file; a LanceDB database is a folder")
+    assert afile.read_text() == "not a database"
+
+
 def test_serve_without_db_is_a_usage_error():
     assert_one_line_error(drift_lance("serve"), "--db")
 

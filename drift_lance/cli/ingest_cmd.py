@@ -120,14 +120,15 @@ def run(args: argparse.Namespace) -> int:
 def print_summary(report: Any, out: TextIO) -> None:
     m = report.manifest
     print(f"ingested {m.source_path} ({m.layout}) into {report.db_uri}: generation {m.generation}", file=out)
-    header = f"{'table':<18} {'rows':>9} {'version':>7}  {'vectors':<34} {'ann index':<12} scalar indexes"
+    described = {name: f"{v.dimension}-d {v.model} ({v.source})" for name, v in m.vectors.items()}
+    width = max([34, *map(len, described.values())])  # long model ids widen the column, not shift the rest
+    header = f"{'table':<18} {'rows':>9} {'version':>7}  {'vectors':<{width}} {'ann index':<12} scalar indexes"
     print(header, file=out)
     print("-" * len(header), file=out)
     for name, info in m.tables.items():
-        vec = m.vectors.get(name)
-        vectors = f"{vec.dimension}-d {vec.model} ({vec.source})" if vec else "-"
+        vectors = described.get(name, "-")
         print(
-            f"{name:<18} {info.rows:>9} {info.version:>7}  {vectors:<34} {info.vector_index or '-':<12} "
+            f"{name:<18} {info.rows:>9} {info.version:>7}  {vectors:<{width}} {info.vector_index or '-':<12} "
             f"{', '.join(info.scalar_indexes) or '-'}",
             file=out,
         )
