@@ -26,3 +26,11 @@ class StoreError(DriftLanceError):
 
 # Errors that are the user's to fix: the CLI exits 2 for these, the service answers 4xx.
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, EmbeddingMismatchError, StoreError)
+
+
+def first_cause(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups, or `exc` itself: a TaskGroup's
+    "unhandled errors in a TaskGroup" says nothing about what went wrong."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

@@ -101,6 +101,30 @@ async def test_timeout_retries_then_fails_and_disconnects(openai_server, openai_
     await _eventually(lambda: openai_server.disconnects == 2)
 
 
+@pytest.mark.parametrize("server", ["refusing", "closing"])
+async def test_a_refused_or_dropped_connection_is_reported_as_such_not_as_a_timeout(openai_settings, server):
+    """The SDK's aiohttp transport turns both into a connect timeout; the error must say what happened
+    (and an embedding request split into batches fails with that error, not an ExceptionGroup)."""
+    async def close_at_once(reader, writer):
+        writer.close()
+
+    listener = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    if server == "refusing":
+        listener.close()
+        await listener.wait_closed()
+    settings = openai_settings.model_copy(update={"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 0})
+    try:
+        with pytest.raises(ModelRequestError, match="connection failed: ") as info:
+            await _chat(settings).complete(USER)
+        assert "timed out" not in str(info.value)
+        embedder = get_embedder(settings.model_copy(update={"embedding_batch_size": 1}))
+        with pytest.raises(ModelRequestError, match="connection failed: "):
+            await embedder.embed(["a", "b", "c"])
+    finally:
+        listener.close()
+
+
 async def test_malformed_http_body_is_a_model_error(openai_server, openai_settings):
     openai_server.queue_chat(*[Reply(body="{not json")] * 3)
     with pytest.raises(ModelRequestError, match="malformed response body") as info:

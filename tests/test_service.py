@@ -333,6 +333,30 @@ def test_model_failure_is_reported_not_500(service_settings, live_server):
     assert r.status_code == 502 and "upstream is down" in _error(r)["message"]
 
 
+def test_embedding_endpoint_down_is_a_502_naming_the_cause(service_settings, live_server):
+    """The query embedder's request fails (nothing listens on its port): 502 model_error with the
+    cause, not a 500 "ExceptionGroup" from its concurrent batches."""
+    import socket
+
+    from drift_lance.config.models import ModelSettings
+    from drift_lance.models import get_embedder
+    from drift_lance.service.engine import EngineBackend
+    from fixtures.service import SERVICE_EMBED_DIM
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: connections are refused
+    embedder = get_embedder(ModelSettings(embedding_backend="openai", embedding_model="hash-embedder", api_key="x", max_retries=0,
+                                          base_url=f"http://127.0.0.1:{port}/v1", embedding_dimension=SERVICE_EMBED_DIM))
+    backend = EngineBackend(service_settings, chat_model=scripted_drift_model(), embedder=embedder)
+    srv = live_server(create_app(service_settings, backend=backend))
+    with srv.client() as client:
+        for method in ("drift", "local"):
+            r = client.post("/v1/search", json={"query": "q", "method": method})
+            assert r.status_code == 502 and _error(r)["code"] == "model_error", r.text
+            assert "connection failed" in _error(r)["message"]
+
+
 # ------------------------------------------------------------------------------- graceful shutdown
 
 

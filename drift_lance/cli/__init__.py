@@ -14,6 +14,8 @@ import os
 import sys
 from typing import NoReturn
 
+from drift_lance.errors import first_cause
+
 # Subcommand modules, in --help order.
 _COMMAND_MODULES = (
     "ingest_cmd",
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         if args.verbose:
             raise
-        cause = _first_leaf(exc)  # a TaskGroup's "unhandled errors in a TaskGroup" says nothing
+        cause = first_cause(exc)
         if isinstance(cause, (UsageError, *_user_error_types())):
             print(f"drift-lance {args.command}: error: {_one_line(cause)}", file=sys.stderr)
             return EXIT_USAGE
@@ -113,13 +115,6 @@ def run() -> NoReturn:
             sys.exit(code)
         os._exit(code)
     sys.exit(code)
-
-
-def _first_leaf(exc: BaseException) -> BaseException:
-    """The first exception inside (nested) exception groups, or `exc` itself."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _one_line(exc: BaseException) -> str:

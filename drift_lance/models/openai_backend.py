@@ -44,6 +44,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.wait import wait_base
 
 from drift_lance.config.models import ModelSettings
+from drift_lance.errors import first_cause
 from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, Usage
 from drift_lance.models.compat import NATIVE_EMBEDDING_DIMS, normalise_model_id
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
@@ -136,6 +137,10 @@ class _BackoffWait(wait_base):
 
 def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None]:
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
+        root = _root_cause(exc)
+        # The SDK's aiohttp transport reports a refused or dropped connection as a connect timeout.
+        if isinstance(root, ConnectionError) or (type(root).__module__.startswith("aiohttp") and not isinstance(root, TimeoutError)):
+            return f"connection failed: {root}", None
         return f"request timed out after {timeout:g}s", None
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
         return f"malformed response body: {exc}", None
@@ -145,6 +150,14 @@ def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None]:
         cause = exc.__cause__ or exc
         return f"connection failed: {cause}", None
     return f"{type(exc).__name__}: {exc}", None
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = {id(exc)}
+    while (inner := exc.__cause__ or exc.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        exc = inner
+    return exc
 
 
 def _error_message(exc: openai.APIStatusError) -> str:
@@ -546,8 +559,11 @@ class OpenAIEmbedder:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         batches = [texts[i : i + self.batch_size] for i in range(0, len(texts), self.batch_size)]
-        async with asyncio.TaskGroup() as group:  # one failure cancels the other batches
-            tasks = [group.create_task(self._embed_batch(batch)) for batch in batches]
+        try:
+            async with asyncio.TaskGroup() as group:  # one failure cancels the other batches
+                tasks = [group.create_task(self._embed_batch(batch)) for batch in batches]
+        except BaseExceptionGroup as failed:  # callers catch ModelError, not a group of them
+            raise first_cause(failed) from None
         matrix = np.concatenate([t.result() for t in tasks], axis=0)
         if self.dimension and matrix.shape[1] != self.dimension:
             raise ModelError(

@@ -24,7 +24,7 @@ from drift_lance.config.local import LocalSearchConfig
 from drift_lance.config.service import RequestCaps
 from drift_lance.config.settings import Settings
 from drift_lance.drift.result import SearchResult
-from drift_lance.errors import ConfigError, USER_ERRORS
+from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
 from drift_lance.models.base import ModelError
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, error_responses, install_error_handlers
@@ -343,6 +343,7 @@ async def _await_unless_disconnected(task: asyncio.Task, request: Request, timeo
 
 
 def _map_search_error(exc: BaseException) -> ApiError:
+    exc = first_cause(exc)
     if isinstance(exc, ApiError):
         return exc
     message = " ".join(str(exc).split()) or type(exc).__name__
