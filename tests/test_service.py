@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from typing import Any
 
 import httpx
 import pytest
@@ -133,6 +135,34 @@ def test_readyz_reports_a_backend_that_failed_to_start(tmp_path, live_server, mo
     assert "Retry-After" in search.headers
 
 
+def _wait_settled(client) -> httpx.Response:
+    for _ in range(500):
+        ready = client.get("/readyz")
+        if ready.json()["status"] != "starting":
+            return ready
+        time.sleep(0.02)
+    return ready
+
+
+@pytest.mark.parametrize("problem", ["missing prompt file", "embedder of another dimension"])
+def test_a_setup_that_would_fail_every_search_fails_the_start(service_settings, live_server, tmp_path, problem):
+    """Not "ready" and then 4xx on every search for the server's own configuration."""
+    from drift_lance.service.engine import EngineBackend
+    from drift_lance.testing import HashEmbedder
+
+    if problem == "missing prompt file":
+        settings, embedder, named = service_settings.with_updates({"drift.prompt": str(tmp_path / "missing.txt")}), None, "missing.txt"
+    else:
+        settings, embedder, named = service_settings, HashEmbedder(384), "384-d"
+    backend = EngineBackend(settings, chat_model=scripted_drift_model(), embedder=embedder or HashEmbedder(64))
+    srv = live_server(create_app(settings, backend=backend), wait_ready=False)
+    with srv.client() as client:
+        ready = _wait_settled(client)
+        search = client.post("/v1/search", json={"query": "q"})
+    assert ready.status_code == 503 and ready.json()["status"] == "failed" and named in ready.json()["detail"]
+    assert search.status_code == 503 and search.json()["error"]["code"] == "not_ready"
+
+
 # ------------------------------------------------------------------------------------------ auth
 
 
@@ -184,6 +214,19 @@ def test_body_size_limit(service_settings, live_server):
     for r in (declared, chunked):
         assert r.status_code == 413
         assert _error(r)["code"] == "body_too_large" and "1024" in _error(r)["message"]
+
+
+def test_a_body_not_sent_as_json_is_415_saying_so(server):
+    body = json.dumps({"query": "Who leads the squad?", "method": "local"})
+    with server.client() as client:
+        form = client.post("/v1/search", content=body, headers={"content-type": "application/x-www-form-urlencoded"})
+        with client.stream("POST", "/v1/search/stream", content=body, headers={"content-type": "text/plain"}) as streamed:
+            streamed.read()
+        with_charset = client.post("/v1/search", content=body, headers={"content-type": "application/json; charset=utf-8"})
+    for r in (form, streamed):
+        assert r.status_code == 415 and _error(r)["code"] == "unsupported_media_type"
+        assert "Content-Type: application/json" in _error(r)["message"]
+    assert with_charset.status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -376,26 +419,36 @@ def test_shutdown_lets_in_flight_search_finish_within_grace(service_settings, li
 
 
 def test_shutdown_cancels_searches_still_running_after_grace(service_settings, live_server):
+    """Past the grace period the searches are cancelled, and each request still gets its answer:
+    the JSON error, or the stream's final `error` event."""
     model = GatedChatModel()
-    srv = start(live_server, service_settings, model, grace=0.3)
-    results: list = []
+    srv = start(live_server, service_settings, model, grace=1.0)
+    results: dict[str, Any] = {}
 
-    def run():
-        try:
-            with srv.client(timeout=60) as client:
-                results.append(client.post("/v1/search", json={"query": "too slow"}))
-        except httpx.HTTPError as exc:
-            results.append(exc)
+    def run_blocking():
+        with srv.client(timeout=60) as client:
+            results["blocking"] = client.post("/v1/search", json={"query": "too slow"})
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    assert model.started.wait(30)
+    def run_stream():
+        with srv.client(timeout=60) as client, client.stream("POST", "/v1/search/stream", json={"query": "too slow"}) as r:
+            results["stream"] = read_sse(r)
+
+    threads = [threading.Thread(target=run_blocking), threading.Thread(target=run_stream)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while model.calls_started < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     srv.server.should_exit = True
     srv.thread.join(60)
-    thread.join(60)
+    for thread in threads:
+        thread.join(60)
     assert not srv.thread.is_alive(), "server did not stop after its grace period"
-    assert model.cancelled >= 1
-    assert results and not (isinstance(results[0], httpx.Response) and results[0].status_code == 200)
+    assert model.cancelled >= 2
+    blocking = results["blocking"]
+    assert blocking.status_code == 503 and _error(blocking) == {
+        "code": "cancelled", "message": "search cancelled: server shutting down", "field": None}
+    assert results["stream"][-1] == ("error", {"error": {"code": "cancelled", "message": "search cancelled: server shutting down", "field": None}})
 
 
 # ---------------------------------------------------------------------------------------- fuzzing

@@ -203,6 +203,19 @@ def _probe_routes(state: _ServiceState) -> APIRouter:
     return router
 
 
+async def _json_body(request: Request) -> None:
+    """A search body is JSON. `curl -d` sends application/x-www-form-urlencoded, which the body model
+    would report as "Input should be a valid dictionary"; say what is wrong instead."""
+    kind = request.headers.get("content-type", "")
+    media = kind.split(";", 1)[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise ApiError(
+            415, "unsupported_media_type",
+            f"send the request body as JSON with Content-Type: application/json (got {kind!r}; "
+            "curl: -H 'Content-Type: application/json' or --json)",
+        )
+
+
 def _api_routes(state: _ServiceState) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["search"])
     cfg = state.settings.service
@@ -216,7 +229,8 @@ def _api_routes(state: _ServiceState) -> APIRouter:
         "/search",
         response_model=SearchResult,
         summary="Run a search and return the full result",
-        responses=error_responses(400, 401, 413, 422, 429, 502, 503, 504),
+        responses=error_responses(400, 401, 413, 415, 422, 429, 502, 503, 504),
+        dependencies=[Depends(_json_body)],
     )
     async def search(body: SearchRequest, request: Request) -> Response:
         method, config = _validated(state, body)
@@ -241,9 +255,10 @@ def _api_routes(state: _ServiceState) -> APIRouter:
         "equal to the blocking result's) or `error` ({\"error\": {code, message}}).",
         responses={
             200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}, "description": "SSE stream"},
-            **error_responses(401, 413, 422, 429, 503),
+            **error_responses(401, 413, 415, 422, 429, 503),
         },
         response_class=Response,
+        dependencies=[Depends(_json_body)],
     )
     async def search_stream(body: SearchRequest) -> Response:
         method, config = _validated(state, body)
@@ -330,6 +345,8 @@ async def _await_unless_disconnected(task: asyncio.Task, request: Request, timeo
     try:
         done, _ = await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
+            if task.cancelled():  # by the server's shutdown, past its grace period
+                raise ApiError(503, "cancelled", "search cancelled: server shutting down")
             return task.result()
         if gone in done:
             log.info("client disconnected; cancelling its search")

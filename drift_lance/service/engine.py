@@ -68,8 +68,24 @@ class EngineBackend:
         if self._embedder is None:
             self._embedder = await asyncio.to_thread(get_embedder, self.settings.models)
             self._built_models.append(self._embedder)
+        self._check_serveable()
         self._models_ready = True
         freeze_long_lived_objects()  # no 0.1 s full collections of start-up objects mid-search
+
+    def _check_serveable(self) -> None:
+        """What would fail every search fails the start instead (/readyz "failed", naming it): a
+        prompt file that is missing or malformed, or a query embedder the index's vectors do not
+        fit. Otherwise the service reported ready and answered each search 4xx for its own setup."""
+        from drift_lance.drift.prompts import load_prompts
+        from drift_lance.local import load_local_prompt
+        from drift_lance.models.compat import check_embedding_compatibility
+
+        load_prompts(self.settings.drift)
+        load_local_prompt(self.settings.local.prompt)
+        store = self._current_store
+        assert store is not None and self._embedder is not None
+        for info in store.manifest.vectors.values():
+            check_embedding_compatibility(info, self._embedder, uri=store.uri)
 
     async def _open_store(self, generation: int | None, previous: Any) -> Any:
         from drift_lance._lance_store import open_store

@@ -62,6 +62,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict]:
         400: "The index or request cannot be used",
         401: "Missing or wrong API key",
         413: "Request body too large",
+        415: "The body is not sent as JSON (Content-Type: application/json)",
         422: "Invalid request: bad field, unknown config field, or a value over the server's cap",
         429: "Too many concurrent searches; retry after the Retry-After header",
         502: "The language model failed",
