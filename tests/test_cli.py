@@ -118,6 +118,18 @@ def test_a_failure_inside_concurrent_work_is_reported_by_its_cause(dulce_dir, tm
     assert not (tmp_path / "db").exists()
 
 
+def test_inspect_reads_the_database_from_settings_and_a_closed_pipe_is_quiet(dulce_db_uri):
+    """`DRIFT_LANCE_DB` as for query/context/serve; `drift-lance inspect | head -1` prints no error."""
+    proc = subprocess.Popen([sys.executable, "-m", "drift_lance", "inspect"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=cli_env(DRIFT_LANCE_DB=dulce_db_uri), cwd=REPO, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader went away before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == ""
+    proc = drift_lance("inspect", env=cli_env(DRIFT_LANCE_DB=dulce_db_uri))
+    assert proc.returncode == 0 and f"database   {dulce_db_uri}" in proc.stdout
+
+
 def test_verbose_shows_the_traceback(tmp_path):
     proc = drift_lance("--verbose", "serve", "--db", str(tmp_path / "no-such-db"))
     assert proc.returncode != 0

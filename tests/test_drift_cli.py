@@ -122,6 +122,17 @@ def test_local_method(server, dulce_db_uri, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["response"] == "local answer from the tables"
     assert "-----Entities-----" in result["context_text"]
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--method", "local"]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()
+            if line.split() and line.split()[0] in ("response", "total", "primer")}
+    assert rows["response"] == rows["total"] and rows["response"][0] == "1" and "primer" not in rows
+
+
+@pytest.mark.parametrize("method", ["drift", "local"])
+def test_an_empty_question_is_a_usage_error(server, dulce_db_uri, capsys, method):
+    assert main(["query", "  ", "--db", dulce_db_uri, "--method", method]) == 2
+    assert "the question is empty" in capsys.readouterr().err
+    assert server.chat_requests == []
 
 
 @pytest.mark.parametrize(
@@ -131,6 +142,7 @@ def test_local_method(server, dulce_db_uri, capsys):
         (["--set", "depth=2"], "unknown drift config field 'depth'"),
         (["--graph-out", "graph.png"], "graph.png"),
         (["--method", "local", "--graph-out", "g.json"], "--graph-out needs --method drift"),
+        (["--graph-out", "/no/such/dir/g.json"], "no such directory '/no/such/dir'"),
     ],
 )
 def test_bad_input_exits_2_naming_the_problem(server, dulce_db_uri, capsys, argv, message):

@@ -99,6 +99,7 @@ def test_stream_events_in_order_with_counts_equal_to_blocking_result(server):
 def test_index_health_and_readiness(server):
     with server.client() as client:
         assert client.get("/healthz").json()["status"] == "ok"
+        assert client.head("/healthz").status_code == 200 and client.head("/readyz").status_code == 200  # HEAD probes
         ready = client.get("/readyz")
         manifest = client.get("/v1/index").json()
         schema = client.get("/openapi.json").json()
@@ -131,6 +132,7 @@ def test_readyz_reports_a_backend_that_failed_to_start(tmp_path, live_server, mo
         search = client.post("/v1/search", json={"query": "q"})
     assert ready.status_code == 503
     assert ready.json()["status"] == "failed" and "never-ingested" in ready.json()["detail"]
+    assert ready.json()["store"] is False
     assert search.status_code == 503 and search.json()["error"]["code"] == "not_ready"
     assert "Retry-After" in search.headers
 
@@ -160,6 +162,7 @@ def test_a_setup_that_would_fail_every_search_fails_the_start(service_settings, 
         ready = _wait_settled(client)
         search = client.post("/v1/search", json={"query": "q"})
     assert ready.status_code == 503 and ready.json()["status"] == "failed" and named in ready.json()["detail"]
+    assert ready.json()["store"] is True  # what did come up is reported
     assert search.status_code == 503 and search.json()["error"]["code"] == "not_ready"
 
 
@@ -263,6 +266,7 @@ def test_caps_come_from_server_config(service_settings, live_server):
     [
         ({"query": "q", "config": {"n_depht": 1}}, "unknown_field", "config.n_depht"),
         ({"query": "q", "config": {"prompt": "/etc/passwd"}}, "not_overridable", "config.prompt"),
+        ({"query": "q", "config": {"context_concurrency": 100000000}}, "not_overridable", "config.context_concurrency"),
         ({"query": "q", "config": {"n_depth": "deep"}}, "invalid_request", "config.n_depth"),
         ({"query": "q", "config": {"n_depth": -1}}, "invalid_request", "config.n_depth"),
         ({"query": "q", "method": "global"}, "invalid_request", "method"),

@@ -8,6 +8,7 @@ exit 2 with one line on stderr; runtime failures exit 1; tracebacks only with --
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("drift-lance: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `drift-lance inspect | head -1`: the reader is gone, which is no error
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 128 + 13  # what a process killed by SIGPIPE reports
     except (UsageError, *_user_error_types()) as exc:
         if args.verbose:
             raise

@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Show the newest complete manifest of an ingested database, with per-table rows, "
         "pinned versions, indexes and embedding models.",
     )
-    parser.add_argument("--db", metavar="URI", required=True, help="LanceDB URI of the ingested index")
+    parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
@@ -59,9 +59,13 @@ def run(args: argparse.Namespace) -> int:
     from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.config.settings import Settings
 
-    # store.storage_options from the settings ($DRIFT_LANCE_CONFIG, environment), then the flags
-    store_config = Settings.load().store
-    info = asyncio.run(describe(args.db, parse_storage_options(args.storage_options), store_config))
+    from drift_lance.cli import UsageError
+
+    # db and store.storage_options from the settings ($DRIFT_LANCE_CONFIG, environment), then the flags
+    settings = Settings.load(db=args.db)
+    if not settings.db:
+        raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
+    info = asyncio.run(describe(settings.db, parse_storage_options(args.storage_options), settings.store))
     if args.json:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0

@@ -65,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--graph-out {args.graph_out}: unknown extension {suffix!r}; use {', '.join(EXPORT_FORMATS)}")
     if args.stream and args.json:
         raise UsageError("--stream and --json cannot be combined")
+    if not args.query.strip():
+        raise UsageError("the question is empty")
+    if args.graph_out and not Path(args.graph_out).resolve().parent.is_dir():  # before any LLM call is spent
+        raise UsageError(f"--graph-out {args.graph_out}: no such directory {str(Path(args.graph_out).resolve().parent)!r}")
     settings, search_config = load_query_settings(args)
     db = args.db or settings.db
     if not db:
@@ -209,8 +213,10 @@ def _answer_text(response: Any) -> str:
 
 def print_stats(result: SearchResult, out: TextIO) -> None:
     """Per-stage LLM calls and tokens, then the wall time."""
+    # The stages the result has: DRIFT's four, or local search's build_context and response.
+    stages = list(result.llm_calls_categories) or list(STAGES)
     rows = [(stage, result.llm_calls_categories.get(stage, 0), result.prompt_tokens_categories.get(stage, 0),
-             result.output_tokens_categories.get(stage, 0)) for stage in STAGES]
+             result.output_tokens_categories.get(stage, 0)) for stage in stages]
     rows.append(("total", result.llm_calls, result.prompt_tokens, result.output_tokens))
     out.write("\n")
     out.write(f"{'stage':<14}{'llm_calls':>10}{'prompt_tokens':>15}{'output_tokens':>15}\n")

@@ -25,7 +25,7 @@ class RequestCaps(BaseModel):
     # Extra per-field caps, e.g. {"community_level": 4}.
     fields: dict[str, float] = Field(default_factory=dict)
     # Fields that stay at the server's value: they govern the server's resources, not the answer.
-    server_only: list[str] = Field(default_factory=lambda: ["concurrency", "llm_timeout"])
+    server_only: list[str] = Field(default_factory=lambda: ["concurrency", "context_concurrency", "llm_timeout"])
 
     def cap_for(self, field: str) -> float | None:
         """The largest value a request may set `field` to, or None when it is uncapped."""

@@ -27,6 +27,7 @@ from drift_lance.drift.primer import DRIFTPrimer, check_embedder, failed_call_us
 from drift_lance.drift.prompts import DriftPrompts, load_prompts
 from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
 from drift_lance.drift.state import QueryState
+from drift_lance.errors import ConfigError
 from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, aclose_models
 from drift_lance.store import IndexStore
 
@@ -133,7 +134,7 @@ class DRIFTSearch:
     # ------------------------------------------------------------------ stages
     def _new_run(self, query: str, callbacks: Sequence[DriftCallbacks]) -> _Run:
         if not query or not query.strip():
-            raise ValueError("DRIFT search query cannot be empty")
+            raise ConfigError("DRIFT search query cannot be empty")
         cfg = self.config
         return _Run(
             query=query.strip(),

@@ -94,9 +94,9 @@ class _ServiceState:
         self.startup_error: str = ""
 
     def ready_status(self) -> ReadyStatus:
-        if self.startup_error:
-            return ReadyStatus(status="failed", store=False, models=False, detail=self.startup_error)
         r = self.backend.readiness()
+        if self.startup_error:  # what did come up is still reported
+            return ReadyStatus(status="failed", store=r.store, models=r.models, detail=self.startup_error)
         return ReadyStatus(status="ready" if r.ready else "starting", store=r.store, models=r.models, detail=r.detail)
 
     def require_ready(self) -> None:
@@ -200,6 +200,9 @@ def _probe_routes(state: _ServiceState) -> APIRouter:
         status = state.ready_status()
         return JSONResponse(status.model_dump(), status_code=200 if status.status == "ready" else 503)
 
+    # HEAD probes (some load balancers send them); kept out of the schema, which has the GETs.
+    router.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
+    router.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
     return router
 
 
