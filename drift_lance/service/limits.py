@@ -47,6 +47,8 @@ def resolve_search_config(base: BaseModel, overrides: dict[str, Any], caps: Requ
             raise ApiError(
                 422, "not_overridable", f"config.{key}: cannot be set per request (server-side only)", field=f"config.{key}"
             )
+    for key, value in overrides.items():
+        _check_json_type(key, value, model.model_fields[key].annotation)
     try:
         merged = model.model_validate({**base.model_dump(), **overrides})
     except ValidationError as exc:
@@ -54,6 +56,24 @@ def resolve_search_config(base: BaseModel, overrides: dict[str, Any], caps: Requ
     for key in overrides:
         _check_cap(key, getattr(merged, key), caps)
     return merged
+
+
+def _check_json_type(key: str, value: Any, annotation: Any) -> None:
+    """JSON types as the field declares them: pydantic's lax mode would take "2" or true for
+    n_depth, and a client sending those has a bug worth hearing about."""
+    kinds = set(_union_members(annotation))
+    if value is None and type(None) in kinds:
+        return
+    if isinstance(value, bool):
+        ok = bool in kinds
+    elif isinstance(value, int | float):
+        ok = (int in kinds and (isinstance(value, int) or float(value).is_integer())) or float in kinds
+    else:
+        ok = False
+    if not ok:
+        wanted = " or ".join(sorted({"bool": "true/false", "int": "an integer", "float": "a number", "NoneType": "null"}[k.__name__]
+                                    for k in kinds if k.__name__ in ("bool", "int", "float", "NoneType")))
+        raise ApiError(422, "invalid_request", f"config.{key}: expected {wanted}, got {json.dumps(value)}", field=f"config.{key}")
 
 
 def _check_cap(key: str, value: Any, caps: RequestCaps) -> None:
