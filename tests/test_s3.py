@@ -420,25 +420,30 @@ async def test_open_store_names_the_uri_when_nothing_was_ingested(local_s3, s3_u
 
 async def test_reingest_on_s3_keeps_the_previous_generation_and_cleans_older(local_s3, s3_uri, dulce_dir):
     """After three ingests, generation 2 (what a lagging replica may still pin) is readable and
-    generation 1's table versions are deleted from the bucket."""
+    generation 1's table versions are deleted from the bucket, its manifest with them."""
     import ingest
     from drift_lance._lance_store import open_store
 
     options = local_s3.storage_options()
-    for _ in range(3):
+    for _ in range(2):
         await ingest.run_ingest(dulce_dir, s3_uri, storage_options=options, progress=False)
+    first = await open_store(s3_uri, storage_options=options, generation=1)
+    first_version = first.manifest.tables["entities"].version
+    await first.close()
+    await ingest.run_ingest(dulce_dir, s3_uri, storage_options=options, progress=False)
+    from drift_lance._lancedb import lancedb
+
+    db = await lancedb.connect_async(s3_uri, storage_options=options)
+    kept = [v["version"] for v in await (await db.open_table("entities")).list_versions()]
+    assert first_version not in kept and min(kept) > first_version
     previous = await open_store(s3_uri, storage_options=options, generation=2)
     try:
         assert (await previous.scan("entities", columns=["id"])).height == 39
-        assert sorted(await previous.generations()) == [1, 2, 3]
+        assert sorted(await previous.generations()) == [2, 3]
     finally:
         await previous.close()
-    oldest = await open_store(s3_uri, storage_options=options, generation=1)
-    try:
-        with pytest.raises(StoreError, match="entities"):
-            await oldest.count("entities")
-    finally:
-        await oldest.close()
+    with pytest.raises(StoreError, match=r"no manifest generation 1 \(have \[2, 3\]\)"):
+        await open_store(s3_uri, storage_options=options, generation=1)
 
 
 async def test_indexed_table_on_s3_is_searched_in_memory_when_it_fits(local_s3, s3_uri, tmp_path):
