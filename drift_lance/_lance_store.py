@@ -168,8 +168,9 @@ class LanceStore:
         k: int,
         *,
         columns: Sequence[str] | None = None,
+        where: str | None = None,
     ) -> pl.DataFrame:
-        return (await self.search_many(table, np.asarray(vector).reshape(1, -1), k, columns=columns))[0]
+        return (await self.search_many(table, np.asarray(vector).reshape(1, -1), k, columns=columns, where=where))[0]
 
     async def search_many(
         self,
@@ -178,6 +179,7 @@ class LanceStore:
         k: int,
         *,
         columns: Sequence[str] | None = None,
+        where: str | None = None,
     ) -> list[pl.DataFrame]:
         """`search` for each row of `vectors`. Exactly searched tables score every query in one
         matrix product (20 queries cost about 5 single ones); ANN tables get one multi-vector
@@ -191,8 +193,8 @@ class LanceStore:
             empty = await self._empty(table, columns, with_similarity=True)
             return [empty for _ in queries]
         if self.manifest.tables[table].vector_index and not self._exact_in_memory(table):
-            return await self._search_lance(table, np.stack(queries), k, columns)
-        return await self._search_exact(table, np.stack(queries), k, columns)
+            return await self._search_lance(table, np.stack(queries), k, columns, where)
+        return await self._search_exact(table, np.stack(queries), k, columns, where)
 
     def _exact_in_memory(self, table: str) -> bool:
         """On object storage an ANN query reads index partitions and re-ranking rows from the store
@@ -225,13 +227,16 @@ class LanceStore:
         wide = query.astype(np.float64)  # finite, but its squared norm overflowed float32
         return (wide / np.linalg.norm(wide)).astype(np.float32)
 
-    async def _search_lance(self, table: str, queries: np.ndarray, k: int, columns: Sequence[str] | None) -> list[pl.DataFrame]:
+    async def _search_lance(self, table: str, queries: np.ndarray, k: int, columns: Sequence[str] | None,
+                            where: str | None = None) -> list[pl.DataFrame]:
         """LanceDB's vector query (ANN, or its flat scan without an index) for every row of `queries`,
         as one multi-vector query: LanceDB plans it once and runs the per-vector searches on its own
         threads (a flat scan is shared by all of them)."""
         handle = await self._table(table)
         q = ann_query(handle, queries[0] if len(queries) == 1 else queries, k, self.config.search,
                       self.manifest.tables[table]).with_row_id()
+        if where:
+            q = q.where(where)  # prefiltered (LanceDB's default): the top k among matching rows
         if columns is not None:
             q = q.select([*columns, "_distance"])  # named, or lance warns it will stop adding it
         rows = await q.to_arrow()
@@ -251,16 +256,22 @@ class LanceStore:
         bounds = np.searchsorted(query_of[order], np.arange(len(queries) + 1))
         return [frame.slice(int(start), int(end - start)) for start, end in zip(bounds[:-1], bounds[1:])]
 
-    async def _search_exact(self, table: str, queries: np.ndarray, k: int, columns: Sequence[str] | None) -> list[pl.DataFrame]:
+    async def _search_exact(self, table: str, queries: np.ndarray, k: int, columns: Sequence[str] | None,
+                            where: str | None = None) -> list[pl.DataFrame]:
         exact = await self._exact_index(table)
         if exact is None:  # matrix over the vector cache bound: let LanceDB scan, keep nothing
-            return await self._search_lance(table, queries, k, columns)
+            return await self._search_lance(table, queries, k, columns, where)
         n = exact.columns.shape[1]
+        excluded = None if not where else ~(await self._matching_rows(table, where, exact.row_ids))
+        if excluded is not None:
+            n -= int(excluded.sum())
         if n == 0:
             empty = await self._empty(table, columns, with_similarity=True)
             return [empty for _ in queries]
         # One row of scores per query: one matrix product for the whole batch.
         scores = similarity_scores(queries, exact.columns)
+        if excluded is not None:
+            scores[:, excluded] = -np.inf  # never among the top min(k, n) of the n matching rows
         tops = np.stack([_top_k_stable(row, min(k, n)) for row in scores])  # (queries, min(k, n))
         # One row read for the whole batch, then a zero-copy slice per query.
         rows = await self._rows_by_id(table, exact.row_ids, tops.ravel(), columns)
@@ -270,6 +281,21 @@ class LanceStore:
             return [frame]
         width = tops.shape[1]
         return [frame.slice(i * width, width) for i in range(len(tops))]
+
+    async def _matching_rows(self, table: str, where: str, row_ids: np.ndarray) -> np.ndarray:
+        """Which of `row_ids` (the exact matrix's, ascending) match the filter `where` (cached per
+        table version: DRIFT's primer asks the same one every query)."""
+        key = (table, self.manifest.tables[table].version, "where", where)
+        mask = self.vector_cache.get(key)
+        if mask is None:
+            handle = await self._table(table)
+            try:
+                hits = await handle.query().where(where).select([]).with_row_id().to_arrow()
+            except Exception as exc:  # noqa: BLE001 - LanceDB raises ValueError/RuntimeError for bad SQL
+                raise StoreError(f"{self.uri}: filter {where!r} on table {table!r} failed: {exc}") from exc
+            mask = np.isin(row_ids, hits.column("_rowid").to_numpy())
+            self.vector_cache.put(key, mask, mask.nbytes)
+        return mask
 
     async def _rows_by_id(self, table: str, all_ids: np.ndarray, picked: np.ndarray, columns: Sequence[str] | None) -> pl.DataFrame:
         """Rows with row ids `all_ids[picked]` (`all_ids`: every row id of the table, ascending), in

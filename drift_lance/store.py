@@ -78,10 +78,12 @@ class IndexStore(Protocol):
         k: int,
         *,
         columns: Sequence[str] | None = None,
+        where: str | None = None,
     ) -> pl.DataFrame:
         """Top-k rows by cosine similarity to `vector` (best first), with the requested columns plus
         `_similarity` (float, 1 = identical). Uses the ANN index when the table has one, otherwise an
-        exact search. Raises StoreError on a dimension mismatch, naming both dimensions."""
+        exact search. `where` (a LanceDB SQL filter, e.g. "level <= 2") restricts the candidates
+        before ranking. Raises StoreError on a dimension mismatch, naming both dimensions."""
         ...
 
     async def search_many(
@@ -91,6 +93,7 @@ class IndexStore(Protocol):
         k: int,
         *,
         columns: Sequence[str] | None = None,
+        where: str | None = None,
     ) -> list[pl.DataFrame]:
         """`search` for each row of the 2-d `vectors`, in order; batched where the store can (one
         matrix product for an exactly searched table)."""

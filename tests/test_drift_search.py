@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 
 from drift_lance.config.drift import DRIFTSearchConfig
+from drift_lance.config.local import LocalSearchConfig
 from drift_lance.drift import DRIFTSearch, DriftCallbacks
 from drift_lance.drift.action import ActionAnswer, PrimerFoldAnswer
 from drift_lance.errors import EmbeddingMismatchError
@@ -410,6 +411,23 @@ async def test_any_failing_call_degrades_hyde_falls_back_a_fold_and_a_follow_up_
     assert failed["score"] == "-inf" and failed["metadata"]["error"] == "ModelError: the chat model timed out: read timed out"
     assert next(node for node in follow_ups if node["query"] == "F")["answer"]
     assert result.llm_calls_categories == {"build_context": 1, "primer": 2, "action": 2, "reduce": 1}
+
+
+@pytest.mark.parametrize("level", [0, 1])
+async def test_the_primer_reads_reports_at_or_under_the_community_level(store, level):
+    """graphrag's DRIFT reads the reports of levels <= community_level (its default 2) for the HyDE
+    template and the top-k reports, as the follow-ups' local contexts do."""
+    builder = StubContextBuilder()
+    builder.config = LocalSearchConfig(community_level=level)
+    reports = await store.scan("community_reports", columns=["level", "full_content"])
+    chat = ScriptedChatModel(drift_responder())
+    result = await make_search(store, chat, builder=builder, drift_k_followups=20, primer_folds=1, n_depth=0).search("q")
+    primed = result.context_data["q"]["reports"]
+    assert {r["level"] for r in primed} == ({0} if level == 0 else {0, 1})
+    assert len(primed) == reports.filter(pl.col("level") <= level).height  # every report there, no other
+    hyde = chat.calls[0].messages[-1].content
+    allowed = reports.filter(pl.col("level") <= level)["full_content"].to_list()
+    assert any(text in hyde for text in allowed)
 
 
 async def test_primer_survives_one_bad_fold_and_embedder_dimension_is_checked(store):

@@ -125,6 +125,29 @@ async def test_a_refused_or_dropped_connection_is_reported_as_such_not_as_a_time
         listener.close()
 
 
+async def test_a_server_that_wants_max_completion_tokens_gets_the_cap_under_that_name(openai_server, openai_settings):
+    """OpenAI's reasoning models reject max_tokens; other servers read only max_tokens. The cap goes
+    out as max_tokens until a server says otherwise, then under the name it asked for (remembered)."""
+    from drift_lance.models.base import ChatParams
+
+    def like_a_reasoning_model(request):
+        if "max_tokens" in request.body:
+            return Reply.bad_request("Unsupported parameter: 'max_tokens' is not supported with this model. "
+                                     "Use 'max_completion_tokens' instead.")
+        return Reply(text=f"capped at {request.body.get('max_completion_tokens')}")
+
+    openai_server.on_chat = like_a_reasoning_model
+    chat = _chat(openai_settings.model_copy(update={"chat_model": "reasoning-model"}), max_retries=0)
+    assert (await chat.complete(USER, params=ChatParams(max_tokens=50))).text == "capped at 50"
+    deltas = [d async for d in chat.stream(USER, params=ChatParams(max_tokens=60))]
+    assert "".join(deltas) == "capped at 60"
+    sent = [r.body for r in openai_server.chat_requests]
+    assert [("max_tokens" in b, b.get("max_completion_tokens")) for b in sent] == [(True, None), (False, 50), (False, 60)]
+    # what was learnt is per model: another model on the same server starts with max_tokens again
+    assert (await _chat(openai_settings, max_retries=0).complete(USER, params=ChatParams(max_tokens=5))).text == "capped at 5"
+    assert ["max_tokens" in r.body for r in openai_server.chat_requests[3:]] == [True, False]
+
+
 async def test_malformed_http_body_is_a_model_error(openai_server, openai_settings):
     openai_server.queue_chat(*[Reply(body="{not json")] * 3)
     with pytest.raises(ModelRequestError, match="malformed response body") as info:

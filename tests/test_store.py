@@ -43,6 +43,22 @@ async def test_exact_search_matches_brute_force(dulce_store):
         np.testing.assert_allclose(found["_similarity"].to_numpy(), expected[best], atol=1e-5)
 
 
+async def test_a_filtered_exact_search_ranks_only_the_matching_rows(dulce_store):
+    everything = await dulce_store.scan("community_reports", columns=["id", "level", "vector"])
+    matrix = np.stack(everything["vector"].to_numpy())
+    matching = everything["level"].to_numpy() == 0
+    query = np.random.default_rng(4).standard_normal(3072).astype(np.float32)
+    scores = np.where(matching, matrix @ (query / np.linalg.norm(query)), -np.inf)
+    best = np.argsort(-scores, kind="stable")[: int(matching.sum())]
+    for k in (3, 50):  # fewer than match, and more than match
+        found = await dulce_store.search("community_reports", query, k, columns=["id", "level"], where="level <= 0")
+        assert found["id"].to_list() == everything["id"].gather(best[:k]).to_list()
+        assert set(found["level"]) == {0}
+    assert (await dulce_store.search("community_reports", query, 5, where="level > 99")).height == 0
+    with pytest.raises(StoreError, match="filter 'level <=' on table 'community_reports'"):
+        await dulce_store.search("community_reports", query, 5, where="level <=")
+
+
 async def test_search_returns_all_columns_best_first(dulce_store):
     report = (await dulce_store.scan("community_reports", limit=1)).row(0, named=True)
     found = await dulce_store.search("community_reports", np.asarray(report["vector"]), 50)
@@ -316,6 +332,9 @@ async def test_ann_search_recall_against_exact(ann_db):
     batched = await store.search_many("entities", queries, 10, columns=["id"])
     for query, found in zip(queries, batched):
         assert found["id"].to_list() == (await store.search("entities", query, 10, columns=["id"]))["id"].to_list()
+    # a filter picks the top k among the matching rows (prefiltered), not k rows then filtered
+    odd = await store.search("entities", queries[0], 10, columns=["human_readable_id"], where="human_readable_id % 2 = 1")
+    assert odd.height == 10 and all(i % 2 == 1 for i in odd["human_readable_id"])
     await store.close()
 
 

@@ -92,8 +92,11 @@ class DRIFTPrimer:
         config: DRIFTSearchConfig,
         prompts: DriftPrompts,
         rng: random.Random,
+        community_level: int | None = None,
     ):
         self.store = store
+        # Reports at or under this level (None: all), as graphrag's read_indexer_reports keeps.
+        self.community_level = community_level
         self.chat = chat
         self.embedder = embedder
         self.tokenizer = tokenizer
@@ -142,16 +145,20 @@ class DRIFTPrimer:
         return text, result.usage
 
     async def _template_report(self) -> str:
-        """One random report's text, read by id (nothing is scanned)."""
+        """One random report's text (at or under the community level), read by id (nothing is scanned)."""
         table = schema.COMMUNITY_REPORTS
         info = self.store.manifest.tables.get(table)
         total = info.rows if info is not None else await self.store.count(table)
         if total == 0:
             return ""
         candidates = [self.rng.randrange(total) for _ in range(_TEMPLATE_CANDIDATES)]
-        rows = await self.store.fetch(table, "human_readable_id", candidates, columns=["human_readable_id", "full_content"])
-        if rows.height == 0:  # ids not dense 0..n-1: take any report
-            rows = await self.store.scan(table, columns=["human_readable_id", "full_content"], limit=1)
+        rows = await self.store.fetch(table, "human_readable_id", candidates, columns=["human_readable_id", "full_content", "level"])
+        if self.community_level is not None:
+            rows = rows.filter(pl.col("level") <= self.community_level)
+        if rows.height == 0:  # ids not dense 0..n-1, or none at the level: take any report there
+            rows = await self.store.scan(table, columns=["human_readable_id", "full_content"], where=self._level_filter(), limit=1)
+            if rows.height == 0:
+                return ""
         by_id = dict(zip(rows["human_readable_id"].to_list(), rows["full_content"].to_list(), strict=True))
         for candidate in candidates:
             if candidate in by_id:
@@ -160,10 +167,13 @@ class DRIFTPrimer:
 
     # --- retrieval ---
     async def top_reports(self, vector: np.ndarray) -> pl.DataFrame:
-        reports = await self.store.search(
-            schema.COMMUNITY_REPORTS, np.asarray(vector, dtype=np.float32), self.config.drift_k_followups, columns=list(REPORT_COLUMNS)
+        return await self.store.search(
+            schema.COMMUNITY_REPORTS, np.asarray(vector, dtype=np.float32), self.config.drift_k_followups,
+            columns=list(REPORT_COLUMNS), where=self._level_filter(),
         )
-        return reports
+
+    def _level_filter(self) -> str | None:
+        return None if self.community_level is None else f"level <= {int(self.community_level)}"
 
     # --- decomposition ---
     async def decompose(self, query: str, reports: pl.DataFrame) -> tuple[list[PrimerFoldAnswer], Usage, list[str]]:

@@ -154,6 +154,9 @@ class DRIFTSearch:
             config=self.config,
             prompts=self.prompts,
             rng=run.rng,
+            # graphrag reads the reports at or under the query's community level, as its local
+            # contexts do: the follow-ups' builder carries that level
+            community_level=getattr(getattr(self.context_builder, "config", None), "community_level", None),
         )
         outcome = await primer.run(run.query)
         run.usage["build_context"] = outcome.build_context_usage

@@ -71,6 +71,9 @@ _STEPS_FOR_MODE = {
 # (endpoint, model) -> first structured step that worked / whether stream_options is rejected
 _structured_step: dict[tuple[str, str], str] = {}
 _no_stream_options: set[tuple[str, str]] = set()
+# (endpoint, model)s that want the output cap as max_completion_tokens (OpenAI's reasoning models
+# reject max_tokens); everything else gets max_tokens, which every OpenAI-compatible server reads.
+_wants_max_completion_tokens: set[tuple[str, str]] = set()
 _memory_lock = threading.Lock()
 
 
@@ -388,15 +391,42 @@ class OpenAIChatModel:
 
     # -- plumbing
 
+    async def with_output_cap(self, kwargs: dict[str, Any], send: Callable[[dict[str, Any]], Awaitable[T]]) -> T:
+        """`send(kwargs)` with the output cap under the name this endpoint takes: max_tokens, or
+        max_completion_tokens once the server has said so (remembered per endpoint and model)."""
+        key = self._endpoint.key
+
+        def named() -> dict[str, Any]:
+            if "max_tokens" not in kwargs or key not in _wants_max_completion_tokens:
+                return kwargs
+            renamed = {k: v for k, v in kwargs.items() if k != "max_tokens"}
+            return {**renamed, "max_completion_tokens": kwargs["max_tokens"]}
+
+        first = named()
+        try:
+            return await send(first)
+        except ModelRequestError as exc:
+            if "max_tokens" not in first or exc.status != 400 or "max_completion_tokens" not in str(exc):
+                raise
+            log.info("%s at %s wants max_completion_tokens; sending the cap under that name",
+                     self.model_id, self._endpoint.endpoint)
+            with _memory_lock:
+                _wants_max_completion_tokens.add(key)
+            return await send(named())
+
     async def _create(self, messages: list[dict], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The JSON body of one /chat/completions response."""
         endpoint = self._endpoint
-        body = {"model": self.model_id, "messages": messages, **kwargs}
 
-        async def request(client: openai.AsyncOpenAI) -> Any:
-            return await endpoint.post_json(client, "/chat/completions", body)
+        async def send(named: dict[str, Any]) -> Any:
+            body = {"model": self.model_id, "messages": messages, **named}
 
-        response = await endpoint.call("chat model", request)
+            async def request(client: openai.AsyncOpenAI) -> Any:
+                return await endpoint.post_json(client, "/chat/completions", body)
+
+            return await endpoint.call("chat model", request)
+
+        response = await self.with_output_cap(kwargs, send)
         if not isinstance(response, dict):
             raise ModelRequestError(
                 f"chat model {self.model_id!r} at {endpoint.endpoint} failed: malformed response body: "
@@ -480,6 +510,9 @@ class OpenAIChatStream(GeneratorStream):
         self._kwargs = kwargs
 
     async def _open(self) -> Any:
+        return await self._model.with_output_cap(self._kwargs, self._open_with)
+
+    async def _open_with(self, kwargs: dict[str, Any]) -> Any:
         model = self._model
         endpoint = model._endpoint
         with_usage = endpoint.key not in _no_stream_options
@@ -487,18 +520,18 @@ class OpenAIChatStream(GeneratorStream):
         async def request(client: openai.AsyncOpenAI) -> Any:
             extra = {"stream_options": {"include_usage": True}} if with_usage else {}
             return await client.chat.completions.create(
-                model=model.model_id, messages=self._messages, stream=True, **self._kwargs, **extra
+                model=model.model_id, messages=self._messages, stream=True, **kwargs, **extra
             )
 
         try:
             return await endpoint.call("chat model", request, hold_slot=False)
         except ModelRequestError as exc:
-            if not (with_usage and exc.status in _MODE_UNSUPPORTED_STATUS):
+            if not (with_usage and exc.status in _MODE_UNSUPPORTED_STATUS) or "max_completion_tokens" in str(exc):
                 raise
             log.info("%s at %s rejected stream_options; streaming without", model.model_id, endpoint.endpoint)
             with _memory_lock:
                 _no_stream_options.add(endpoint.key)
-            return await self._open()
+            return await self._open_with(kwargs)
 
     async def _run(self) -> AsyncIterator[str]:
         model = self._model
