@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from benchmarks._harness import emit_result, peak_rss_mb
+from benchmarks._harness import emit_result, library_versions, peak_rss_mb
 
 
 def main(argv: list[str]) -> int:
@@ -22,6 +22,8 @@ def main(argv: list[str]) -> int:
     result = func(**spec["kwargs"])
     result = dict(result)
     result.setdefault("peak_rss_mb", peak_rss_mb())
+    # this interpreter's libraries: graphrag's cases run in graphrag's own virtualenv
+    result.setdefault("versions", library_versions())
     result["wall_s"] = time.perf_counter() - started
     emit_result(result)
     return 0

@@ -93,6 +93,7 @@ def run_context(rows: int, dim: int, queries: int, out: Path, work: Path, *,
         benchmark="context", rows=rows, dim=dim, method="graphrag_local_context",
         p50_ms=theirs["p50_ms"], p95_ms=theirs["p95_ms"], p99_ms=theirs["p99_ms"], qps=theirs["qps"],
         peak_rss_mb=theirs["peak_rss_mb"], queries=theirs["queries"], params={"config": "same values, graphrag 3.3.0"},
+        versions=theirs.get("versions", {}),
         extra={"first_build_ms": theirs["first_build_ms"], "mean_context_tokens": theirs["mean_context_tokens"],
                "load_s": theirs["load_s"],
                # same query vector and parameters: how many context texts are byte-identical to ours

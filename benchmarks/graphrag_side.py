@@ -39,7 +39,9 @@ _TIKTOKEN_URL = "https://openaipublic.blob.core.windows.net/encodings/{}.tiktoke
 
 
 def graphrag_python(explicit: str | None = None) -> str | None:
-    """The interpreter that runs graphrag's cases, or None when there is none."""
+    """The interpreter that runs graphrag's cases, or None when there is none (or `explicit` is "off")."""
+    if explicit == "off":
+        return None
     candidate = explicit or os.environ.get(ENV_PYTHON)
     if candidate:
         if shutil.which(candidate) is None and not Path(candidate).exists():

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import Record, latency_summary, log, recall_at_k, run_case, write_records
+from benchmarks import DEFAULT_RESULTS_DIR
+from benchmarks._harness import Record, latency_summary, load_records, log, recall_at_k, run_case, write_records
 from benchmarks.vectors import TABLE
 
 K = 10
@@ -332,7 +333,7 @@ def _records_from(result: dict[str, Any], *, rows: int, dim: int, method: str, c
             recall_at_10=case["recall_at_10"], peak_rss_mb=result["peak_rss_mb"], queries=case["queries"],
             index_type=case.get("index_type", index_type), index_build_s=build_s,
             params={**(build or {}), **{k: v for k, v in case["params"].items() if v is not None}},
-            extra=extra,
+            extra=extra, versions=result.get("versions", {}),
         ))
     return records
 
@@ -362,7 +363,7 @@ def run_sweep(rows: int, dim: int, queries: int, out: Path, work: Path,
     for spec, grid in sweep_specs(rows, dim):
         if index_types and spec.index_type not in index_types:
             continue
-        new = build_and_query(meta, spec, grid, concurrent=False, benchmark="sweep")
+        new = build_and_query(meta, spec, grid, concurrent=False, benchmark="sweep", queries=queries)
         write_records(out, "sweep", new)
         records += new
     return records
@@ -402,17 +403,20 @@ def run_retrieval(rows: int, dim: int, queries: int, out: Path, work: Path, *,
 
     if "numpy_exact" in methods:
         log("  numpy brute force")
-        add(_records_from(run_case("benchmarks.retrieval:numpy_query_case", db=meta["db"], dataset_dir=meta["dir"]),
+        add(_records_from(run_case("benchmarks.retrieval:numpy_query_case", db=meta["db"], dataset_dir=meta["dir"],
+                                   queries=queries),
                           rows=rows, dim=dim, method="numpy_exact", concurrent=True))
     if "lancedb_ann" in methods:
-        spec = chosen_index(rows, dim)
-        log(f"  build {spec.label()}")
+        # This run's own sweep when it has one (--out), else the committed one (the README's)
+        sweeps = out if load_records(out, "sweep") else DEFAULT_RESULTS_DIR
+        spec = chosen_index(rows, dim, sweeps)
+        log(f"  build {spec.label()} (index type from the sweep in {sweeps})")
         built = run_case("benchmarks.retrieval:build_index_case", db=meta["db"], index_type=spec.index_type,
                          build=spec.build)
         # Recall-latency curve first; the headline row uses its fastest setting with recall@10 >= 0.95.
         curve = _records_from(
             run_case("benchmarks.retrieval:lancedb_query_case", db=meta["db"], dataset_dir=meta["dir"],
-                     grid=curve_grid(spec, rows), concurrent=False),
+                     grid=curve_grid(spec, rows), concurrent=False, queries=queries),
             rows=rows, dim=dim, method="lancedb_ann", concurrent=False, index_type=spec.index_type,
             build=spec.build, build_s=built["index_build_s"], benchmark="curve")
         write_records(out, "curves", curve)
@@ -421,7 +425,7 @@ def run_retrieval(rows: int, dim: int, queries: int, out: Path, work: Path, *,
         log(f"  lancedb ANN at {query_params} (recall {best.recall_at_10:.3f} in the curve)")
         headline = _records_from(
             run_case("benchmarks.retrieval:lancedb_query_case", db=meta["db"], dataset_dir=meta["dir"],
-                     grid=[query_params]),
+                     grid=[query_params], queries=queries),
             rows=rows, dim=dim, method="lancedb_ann", concurrent=True, index_type=spec.index_type,
             build=spec.build, build_s=built["index_build_s"])
         for r in headline:

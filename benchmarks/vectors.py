@@ -116,6 +116,8 @@ def _prepare_locked(out: Path, rows: int, dim: int, queries: int, seed: int) -> 
         meta = json.loads(meta_path.read_text())
         if meta.get("queries", 0) >= queries:
             return meta
+        if (meta.get("rows"), meta.get("dim"), meta.get("seed")) == (rows, dim, seed):
+            return _more_queries(meta_path, meta, queries)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -141,6 +143,24 @@ def _prepare_locked(out: Path, rows: int, dim: int, queries: int, seed: int) -> 
     np.save(out / "truth.npy", truth.ids())
     meta = {"dir": str(out), "db": str(out / "db"), "rows": rows, "dim": dim, "seed": seed,
             "queries": queries, "write_s": write_s}
+    meta_path.write_text(json.dumps(meta))
+    return meta
+
+
+def _more_queries(meta_path: Path, meta: dict, queries: int) -> dict:
+    """More queries for an existing dataset: the table (and any ANN index on it) stays; its vectors
+    are regenerated in memory, chunk by chunk as written, to score the new queries' exact top k."""
+    rows, dim, seed = meta["rows"], meta["dim"], meta["seed"]
+    log(f"  {rows:,}x{dim}: {queries} queries (had {meta.get('queries', 0)}); the table stays")
+    space = VectorSpace(dim, seed)
+    query_vectors = space.queries(queries)
+    truth = _TopK(len(query_vectors), k=100)
+    for first_id, chunk in space.chunks(rows):
+        truth.update(query_vectors @ chunk.T, first_id)
+    out = meta_path.parent
+    np.save(out / "queries.npy", query_vectors)
+    np.save(out / "truth.npy", truth.ids())
+    meta = {**meta, "queries": queries}
     meta_path.write_text(json.dumps(meta))
     return meta
 

@@ -149,6 +149,42 @@ def test_bad_arguments_exit_2_naming_the_option():
     assert proc.returncode == 2 and "--rows" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["drift", "--latency-ms", "-50"], "--latency-ms"),
+        (["s3", "--latency-ms", "abc"], "--latency-ms"),
+        (["sweep", "--rows", "300", "--dim", "8", "--index-types", "FOO"], "FOO"),
+        (["retrieval", "--rows", "300", "--dim", "8", "--graphrag-python", "/no/such/python"], "no interpreter at /no/such/python"),
+        (["retrieval", "--rows", "300", "--dim", "8", "--graphrag-python", sys.executable], "cannot import graphrag"),
+    ],
+)
+def test_bad_values_exit_2_before_any_data_is_generated(tmp_path, args, named):
+    if named == "cannot import graphrag":
+        import importlib.util
+
+        if importlib.util.find_spec("graphrag"):
+            pytest.skip("this interpreter has graphrag")
+    proc = _run_benchmarks(*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 2 and named in proc.stderr, proc.stderr
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
+    assert not (tmp_path / "out").exists()
+
+
+def test_more_queries_keep_the_table_and_give_the_same_truth_as_a_fresh_dataset(tmp_path):
+    import lance
+
+    from benchmarks.vectors import prepare_dataset
+
+    first = prepare_dataset(root=str(tmp_path / "a"), rows=3000, dim=16, queries=5)
+    version = lance.dataset(f"{first['db']}/vectors.lance").version
+    grown = prepare_dataset(root=str(tmp_path / "a"), rows=3000, dim=16, queries=20)
+    assert grown["queries"] == 20 and lance.dataset(f"{grown['db']}/vectors.lance").version == version
+    fresh = prepare_dataset(root=str(tmp_path / "b"), rows=3000, dim=16, queries=20)
+    for name in ("queries.npy", "truth.npy"):
+        np.testing.assert_array_equal(np.load(Path(grown["dir"]) / name), np.load(Path(fresh["dir"]) / name))
+
+
 def test_unknown_retrieval_method_exits_2_naming_it():
     # A typo used to run none of the methods and exit 0.
     proc = _run_benchmarks("retrieval", "--rows", "100", "--dim", "8", "--methods", "engine,numpy", timeout=120)
