@@ -33,7 +33,14 @@ from drift_lance._cache import BoundedCache
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config.ingest import SearchTuning, StoreConfig
 from drift_lance.errors import StoreError
-from drift_lance.object_store import check_not_a_file, connect_uri, is_local_uri, merge_storage_options, resolve_storage_options
+from drift_lance.object_store import (
+    check_not_a_file,
+    connect_uri,
+    describe_open_failure,
+    is_local_uri,
+    merge_storage_options,
+    resolve_storage_options,
+)
 from drift_lance.store import Manifest, TableInfo
 
 __all__ = ["LanceStore", "ann_query", "list_table_names", "open_store", "read_manifests", "sql_literal"]
@@ -596,7 +603,7 @@ async def open_store(
     except StoreError:
         raise
     except Exception as exc:  # noqa: BLE001 - connection errors differ per backend
-        raise StoreError(f"{uri}: cannot open LanceDB database: {exc}") from exc
+        raise describe_open_failure(uri, exc) from exc
     if not manifests:
         raise StoreError(
             f"{uri}: no complete ingest found (no {schema.MANIFEST_TABLE!r} table); run `drift-lance ingest SRC --db {uri}`"

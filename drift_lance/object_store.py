@@ -21,7 +21,7 @@ __all__ = ["is_local_uri", "merge_storage_options", "resolve_storage_options"]
 
 # Spellings object_store accepts for the S3 endpoint option, and the variables it reads for it.
 _ENDPOINT_KEYS = ("aws_endpoint", "aws_endpoint_url", "endpoint", "endpoint_url")
-_ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")  # the service-specific one first, as the AWS SDKs read them
 _ALLOW_HTTP_KEYS = ("allow_http", "aws_allow_http")
 _ALLOW_HTTP_ENV = ("AWS_ALLOW_HTTP",)
 _S3_SCHEMES = ("s3", "s3a", "s3+ddb")
@@ -47,6 +47,30 @@ def check_not_a_file(uri: str) -> None:
     """A local database is a folder: say so, instead of LanceDB's multi-line NotADirectory dump."""
     if urlparse(str(uri)).scheme == "" and os.path.isfile(os.path.expanduser(str(uri))):
         raise StoreError(f"{uri}: is a file; a LanceDB database is a folder")
+
+
+# Object-store failures LanceDB reports as ~1.5k-character Rust debug dumps, and what they mean.
+_STORAGE_FAILURES = (
+    ("NoSuchBucket", "the bucket does not exist"),
+    ("SignatureDoesNotMatch", "credentials rejected: the secret key does not match the access key id"),
+    ("InvalidAccessKeyId", "credentials rejected: unknown access key id"),
+    ("AccessDenied", "access denied by the object store"),
+    ("Connection refused", "cannot connect to the endpoint (connection refused)"),
+    ("BadScheme", "the endpoint's scheme is not accepted (an http:// endpoint needs allow_http=true)"),
+    ("dns error", "the endpoint's host name does not resolve"),
+    ("Timeout", "the endpoint did not answer in time (the storage options timeout, connect_timeout, "
+                "client_max_retries and client_retry_timeout bound the wait)"),
+)
+_RAW_CHARS = 300
+
+
+def describe_open_failure(uri: str, exc: BaseException) -> StoreError:
+    """The StoreError for a database that could not be opened: what went wrong first, when it is one
+    of the usual object-store failures, then the start of LanceDB's own message."""
+    raw = " ".join(str(exc).split()) or type(exc).__name__
+    meaning = next((text for marker, text in _STORAGE_FAILURES if marker in raw), None)
+    short = raw if len(raw) <= _RAW_CHARS else raw[:_RAW_CHARS] + " ..."
+    return StoreError(f"{uri}: cannot open LanceDB database: {meaning + ' (' + short + ')' if meaning else short}")
 
 
 def merge_storage_options(*sources: Mapping[str, str] | None) -> dict[str, str]:

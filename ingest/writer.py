@@ -31,7 +31,7 @@ from drift_lance import schema
 from drift_lance._lance_store import list_table_names, read_manifests
 from drift_lance.config.ingest import IngestConfig, VectorIndexConfig
 from drift_lance.errors import IngestError, StoreError
-from drift_lance.object_store import check_not_a_file, connect_uri, resolve_storage_options
+from drift_lance.object_store import check_not_a_file, connect_uri, describe_open_failure, resolve_storage_options
 from drift_lance.store import Manifest, TableInfo, VectorColumnInfo
 from ingest.calibrate import calibrate_probes
 from ingest.embeddings import TableVectors
@@ -121,7 +121,7 @@ class IndexWriter:
         except StoreError:
             raise
         except Exception as exc:  # noqa: BLE001 - connection errors differ per backend
-            raise StoreError(f"{self.uri}: cannot open LanceDB database: {exc}") from exc
+            raise describe_open_failure(self.uri, exc) from exc
         self._previous = manifests[-1] if manifests else None
         if self._previous is None:
             await self._check_no_foreign_tables()
@@ -172,8 +172,14 @@ class IndexWriter:
             )
             await self._check_no_newer_generation()
             await self._append_manifest(manifest)
-        except BaseException:
+        except BaseException as exc:
             await self._rollback()
+            if isinstance(exc, Exception) and _is_commit_conflict(exc):
+                table = self._touched[-1] if self._touched else "?"
+                raise IngestError(
+                    f"{self.uri}: another ingest wrote table {table!r} at the same time (LanceDB commit conflict); "
+                    "nothing was committed, run it again"
+                ) from exc
             raise
         if self.config.cleanup_old_versions:
             start = time.perf_counter()
@@ -306,6 +312,12 @@ class IndexWriter:
                 await manifests.delete(f"generation < {self._previous.generation}")
             except Exception as exc:  # noqa: BLE001 - as above
                 log.warning("%s: could not drop the manifests of cleaned-up generations: %s", self.uri, exc)
+
+
+def _is_commit_conflict(exc: Exception) -> bool:
+    """Lance's error when a concurrent writer committed a version of the same table first."""
+    text = str(exc)
+    return type(exc).__name__ == "CommitConflictError" or "commit conflict" in text.lower() or "concurrent transaction" in text
 
 
 def _batches(arrow: pa.Table, rows: int) -> pa.RecordBatchReader:

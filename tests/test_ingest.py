@@ -512,6 +512,26 @@ async def test_a_first_ingest_refuses_tables_it_did_not_write(dulce_dir, tmp_pat
     assert set(await list_table_names(db)) == {"entities"}
 
 
+def test_lances_concurrent_writer_errors_are_recognised_as_such(tmp_path):
+    """On object storage a concurrent ingest can lose inside Lance's commit (a conflict) rather than
+    at our manifest check; both must read as "another ingest", not as a crash."""
+    import lance
+
+    from ingest.writer import _is_commit_conflict
+
+    table, uri = pa.table({"a": [1, 2]}), str(tmp_path / "x.lance")
+    first = lance.write_dataset(table, uri).version
+    lance.write_dataset(table, uri, mode="overwrite")  # the other writer
+    errors = []
+    for operation in (lance.LanceOperation.Overwrite(table.schema, []),
+                      lance.LanceOperation.Append([lance.fragment.LanceFragment.create(uri, table)])):
+        with pytest.raises(Exception) as info:
+            lance.LanceDataset.commit(uri, operation, read_version=first)
+        errors.append(info.value)
+    assert all(_is_commit_conflict(e) for e in errors)
+    assert not _is_commit_conflict(RuntimeError("lance error: Not found: x.lance/data/1.lance"))
+
+
 def test_generations_whose_data_was_cleaned_up_are_not_listed(dulce_dir, tmp_path, capsys):
     uri = str(tmp_path / "db")
     for _ in range(3):

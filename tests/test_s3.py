@@ -39,6 +39,7 @@ DIM = 3072  # the dulce index's embedding dimension
         # object_store reads the endpoint from the environment but refuses http:// without allow_http
         ("s3://b/db", None, {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}, {"allow_http": "true"}),
         ("s3://b/db", None, {"AWS_ENDPOINT": "http://minio:9000"}, {"allow_http": "true"}),
+        ("s3://b/db", None, {"AWS_ENDPOINT_URL_S3": "http://minio:9000"}, {"allow_http": "true"}),
         ("s3://b/db", {"aws_endpoint": "http://127.0.0.1:9000"}, {}, {"aws_endpoint": "http://127.0.0.1:9000", "allow_http": "true"}),
         ("s3://b/db", None, {"AWS_ENDPOINT_URL": "https://s3.example.com"}, None),
         ("s3://b/db", None, {}, None),
@@ -416,6 +417,26 @@ async def test_open_store_names_the_uri_when_nothing_was_ingested(local_s3, s3_u
 
     with pytest.raises(StoreError, match=s3_uri):
         await open_store(s3_uri, storage_options=local_s3.storage_options())
+
+
+async def test_a_missing_bucket_or_endpoint_is_said_in_a_few_words(local_s3):
+    """Not LanceDB's 1.5k-character Rust debug dump: what is wrong first, naming the URI."""
+    import socket
+
+    from drift_lance._lance_store import open_store
+
+    with pytest.raises(StoreError) as missing:
+        await open_store("s3://no-such-bucket/db", storage_options=local_s3.storage_options())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: connections are refused
+    refused_options = {**local_s3.storage_options(), "aws_endpoint": f"http://127.0.0.1:{port}", "max_retries": "0"}
+    with pytest.raises(StoreError) as refused:
+        await open_store("s3://drift-lance-test/db", storage_options=refused_options)
+    for info, meaning, uri in ((missing, "the bucket does not exist", "s3://no-such-bucket/db"),
+                               (refused, "cannot connect to the endpoint (connection refused)", "s3://drift-lance-test/db")):
+        message = str(info.value)
+        assert message.startswith(f"{uri}: cannot open LanceDB database: {meaning} (") and len(message) < 500, message
 
 
 async def test_reingest_on_s3_keeps_the_previous_generation_and_cleans_older(local_s3, s3_uri, dulce_dir):

@@ -162,8 +162,32 @@ def test_a_setup_that_would_fail_every_search_fails_the_start(service_settings, 
         ready = _wait_settled(client)
         search = client.post("/v1/search", json={"query": "q"})
     assert ready.status_code == 503 and ready.json()["status"] == "failed" and named in ready.json()["detail"]
-    assert ready.json()["store"] is True  # what did come up is reported
+    # what did come up is reported: the store opens with a bad prompt file, not for the wrong embedder
+    assert ready.json()["store"] is (problem == "missing prompt file")
     assert search.status_code == 503 and search.json()["error"]["code"] == "not_ready"
+
+
+def test_a_new_generation_the_query_embedder_does_not_fit_is_not_switched_to(tmp_path, service_settings, live_server):
+    """Re-ingested with another embedding model: the reload keeps serving the generation it has and
+    says why, instead of switching and failing every search."""
+    import ingest
+    from drift_lance.sample.builder import build_sample_index
+    from drift_lance.service.engine import EngineBackend
+    from drift_lance.testing import HashEmbedder
+
+    source = build_sample_index(tmp_path / "graphrag")
+    db = str(tmp_path / "db")
+    ingest.ingest(source, db, embedder=HashEmbedder(64), progress=False)
+    settings = service_settings.with_updates({"db": db, "store.reload_interval_seconds": 0})
+    srv = live_server(create_app(settings, backend=EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))))
+    ingest.ingest(source, db, embedder=HashEmbedder(32), reembed=True, progress=False)
+    with srv.client() as client:
+        reload = client.post("/v1/admin/reload")
+        assert reload.status_code == 503 and _error(reload)["code"] == "reload_failed"
+        assert "holds 32-d vectors" in _error(reload)["message"] and "produces 64-d vectors" in _error(reload)["message"]
+        assert client.get("/v1/index").json()["generation"] == 1
+        assert client.get("/readyz").status_code == 200
+        assert client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"}).status_code == 200
 
 
 # ------------------------------------------------------------------------------------------ auth

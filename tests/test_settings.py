@@ -133,3 +133,9 @@ def test_parse_assignments():
     }
     with pytest.raises(ConfigError, match="key=value"):
         parse_assignments(["n_depth"])
+
+
+def test_an_environment_mapping_that_is_not_json_names_the_variable(monkeypatch):
+    monkeypatch.setenv("DRIFT_LANCE_STORE__STORAGE_OPTIONS", "{bad")
+    with pytest.raises(ConfigError, match=r"environment: cannot parse DRIFT_LANCE_STORE__STORAGE_OPTIONS \(section 'store'\)"):
+        Settings.load()

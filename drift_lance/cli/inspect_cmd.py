@@ -17,6 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pinned versions, indexes and embedding models.",
     )
     parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
+    parser.add_argument("--config", metavar="FILE", help="settings file (TOML/YAML; default $DRIFT_LANCE_CONFIG): db, store")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from drift_lance.cli import UsageError
 
     # db and store.storage_options from the settings ($DRIFT_LANCE_CONFIG, environment), then the flags
-    settings = Settings.load(db=args.db)
+    settings = Settings.load(args.config, db=args.db)
     if not settings.db:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     info = asyncio.run(describe(settings.db, parse_storage_options(args.storage_options), settings.store))

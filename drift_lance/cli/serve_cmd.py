@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = settings.service
     auth = "on" if cfg.api_key else "off"
     print(f"drift-lance: serving {settings.db} on http://{cfg.host}:{cfg.port} (API key {auth})", file=sys.stderr)
+    # The service's own events (generation switches, cancelled searches) at uvicorn's level, info.
+    service_log = logging.getLogger("drift_lance.service")
+    if service_log.getEffectiveLevel() > logging.INFO:
+        service_log.setLevel(logging.INFO)
     serve(settings)
     return 0
 

@@ -14,6 +14,7 @@ Every validation problem becomes a `ConfigError` naming the file (if any) and th
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
@@ -23,7 +24,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from drift_lance.config.drift import DRIFTSearchConfig, load_drift_config
 from drift_lance.config.ingest import IngestConfig, StoreConfig
@@ -91,6 +92,8 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             where = f"config file {source}" if source is not None else "settings"
             raise ConfigError(f"{where}: {describe_validation_error(exc)}") from None
+        except SettingsError as exc:  # an environment value that is not the JSON a mapping or list needs
+            raise ConfigError(_describe_settings_error(exc)) from None
         finally:
             _file_data.reset(token)
 
@@ -105,6 +108,16 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc)) from None
         return Settings.model_construct(**{name: getattr(checked, name) for name in Settings.model_fields})
+
+
+def _describe_settings_error(exc: SettingsError) -> str:
+    """pydantic-settings names the section ("store"), not the variable: name the variables too."""
+    found = re.search(r'field "(\w+)"', str(exc))
+    section = found.group(1) if found else ""
+    prefix = f"{ENV_PREFIX}{section.upper()}__"
+    names = sorted(name for name in os.environ if name.upper().startswith(prefix)) if section else []
+    where = ", ".join(names) or f"{prefix}* variables"
+    return f"environment: cannot parse {where} (section {section!r}): lists and mappings are given as JSON, e.g. '{{\"key\": \"value\"}}'"
 
 
 def parse_assignments(assignments: Iterable[str], *, section: str | None = None) -> dict[str, Any]:

@@ -78,25 +78,37 @@ class EngineBackend:
         fit. Otherwise the service reported ready and answered each search 4xx for its own setup."""
         from drift_lance.drift.prompts import load_prompts
         from drift_lance.local import load_local_prompt
-        from drift_lance.models.compat import check_embedding_compatibility
 
         load_prompts(self.settings.drift)
         load_local_prompt(self.settings.local.prompt)
         store = self._current_store
-        assert store is not None and self._embedder is not None
+        assert store is not None
+        self._check_embedder_fits(store)
+
+    def _check_embedder_fits(self, store: IndexStore) -> None:
+        from drift_lance.models.compat import check_embedding_compatibility
+
+        assert self._embedder is not None
         for info in store.manifest.vectors.values():
             check_embedding_compatibility(info, self._embedder, uri=store.uri)
 
     async def _open_store(self, generation: int | None, previous: Any) -> Any:
         from drift_lance._lance_store import open_store
 
-        return await open_store(
+        store = await open_store(
             self.settings.db,
             config=self.settings.store,
             generation=generation,
             # The new generation shares the old one's LanceDB caches, so their bound holds across switches.
             session=previous.session if previous is not None else None,
         )
+        if self._embedder is not None:  # a reload: a generation embedded with another model is not switched to
+            try:
+                self._check_embedder_fits(store)
+            except BaseException:
+                await store.close()
+                raise
+        return store
 
     @property
     def _current_store(self) -> IndexStore | None:
