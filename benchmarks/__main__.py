@@ -47,24 +47,22 @@ def _latencies_ms(text: str) -> list[float]:
 def _index_types(text: str) -> list[str]:
     from drift_lance.config.ingest import VectorIndexType
 
-    known = typing.get_args(VectorIndexType)
-    types = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [t for t in types if t not in known]
-    if unknown or not types:
-        raise argparse.ArgumentTypeError(f"unknown index type(s) {', '.join(unknown) or '(none given)'}; "
-                                         f"choose from {', '.join(known)}")
-    return types
+    return _choices(text, typing.get_args(VectorIndexType), "index type")
 
 
 def _methods(text: str) -> list[str]:
     from benchmarks.retrieval import METHODS
 
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
-        raise argparse.ArgumentTypeError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
-                                         f"choose from {', '.join(METHODS)}")
-    return methods
+    return _choices(text, METHODS, "method")
+
+
+def _choices(text: str, known: typing.Sequence[str], what: str) -> list[str]:
+    """A comma-separated list of `known` names, or an argparse error naming the unknown ones."""
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in known]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown {what}(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}")
+    return chosen
 
 
 def build_parser() -> argparse.ArgumentParser:

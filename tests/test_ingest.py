@@ -171,40 +171,28 @@ def _with_entity_vectors(dim: int) -> Callable[[Path], None]:
     return mutate
 
 
-class _UnsizedHashEmbedder(HashEmbedder):
-    """A remote model whose dimension is only known from its first vectors."""
-
-    def __init__(self, makes: int):
-        super().__init__(makes)
-        self.makes, self.dimension = makes, 0
-
-    def embed_sync(self, texts):
-        self.dimension = self.makes
-        return super().embed_sync(texts)
-
-
 @pytest.mark.parametrize(
-    ("embedder", "embedding_model", "expected"),
+    ("embedder", "embedding_model", "expected", "calls_before_refusal"),
     [
-        (HashEmbedder(16), None, ["own vectors are 8-d", "'community_reports' has none", "makes 16-d vectors"]),
-        (_UnsizedHashEmbedder(16), None, ["own vectors are 8-d", "makes 16-d vectors"]),
-        (HashEmbedder(8), "text-embedding-3-small", ["from 'text-embedding-3-small'", "configured embedder is 'hash-embedder'"]),
+        (HashEmbedder(16), None, ["own vectors are 8-d", "'community_reports' has none", "makes 16-d vectors"], 0),
+        # known only from its first vectors: stopped after the first table it embedded
+        (HashEmbedder(16, dimension_known=False), None, ["own vectors are 8-d", "makes 16-d vectors"], 1),
+        (HashEmbedder(8), "text-embedding-3-small", ["from 'text-embedding-3-small'", "configured embedder is 'hash-embedder'"], 0),
     ],
     ids=["other dimension", "other dimension found on its first vectors", "other model"],
 )
-async def test_missing_vectors_must_be_computed_in_the_index_embedding_space(carol_dir, tmp_path, embedder, embedding_model, expected):
+async def test_missing_vectors_must_be_computed_in_the_index_embedding_space(
+    carol_dir, tmp_path, embedder, embedding_model, expected, calls_before_refusal
+):
     src = copy_index(carol_dir, tmp_path / "src", _with_entity_vectors(8))
     with pytest.raises(IngestError) as err:
         await ingest.run_ingest(src, str(tmp_path / "db"), embedder=embedder, embedding_model=embedding_model, progress=False)
     for fragment in [*expected, "create_final_entities.parquet", "--reembed"]:
         assert fragment in str(err.value), str(err.value)
     assert not (tmp_path / "db").exists()
-    if isinstance(embedder, _UnsizedHashEmbedder):
-        assert len(embedder.calls) == 1  # stopped after the first table it embedded
-    else:
-        assert embedder.calls == []  # refused before embedding anything
+    assert len(embedder.calls) == calls_before_refusal
     # the index's own model, even one whose dimension the client learns from its first answer
-    report = await ingest.run_ingest(src, str(tmp_path / "db"), embedder=_UnsizedHashEmbedder(8), progress=False)
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), embedder=HashEmbedder(8, dimension_known=False), progress=False)
     assert {v.dimension for v in report.manifest.vectors.values()} == {8}
 
 

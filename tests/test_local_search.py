@@ -88,22 +88,10 @@ async def test_embedder_must_match_the_index_vectors(dulce_store):
         await search.search("Who runs Operation: Dulce?")
 
 
-class UnsizedEmbedder(HashEmbedder):
-    """A remote model whose dimension the client does not know until it has embedded something."""
-
-    def __init__(self, makes: int):
-        super().__init__(makes)
-        self.makes, self.dimension = makes, 0
-
-    def embed_sync(self, texts):
-        self.dimension = self.makes
-        return super().embed_sync(texts)
-
-
 async def test_embedder_of_unknown_dimension_is_checked_on_its_first_vector(dulce_store):
-    search = LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store), embedder=UnsizedEmbedder(3072))
+    search = LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store), embedder=HashEmbedder(3072, dimension_known=False))
     assert (await search.search("Who runs Operation: Dulce?")).response == ANSWER
-    search = LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store), embedder=UnsizedEmbedder(64))
+    search = LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store), embedder=HashEmbedder(64, dimension_known=False))
     with pytest.raises(EmbeddingMismatchError, match="embedder 'hash-embedder' made a vector that has dimension 64 .*3072"):
         await search.search("Who runs Operation: Dulce?")
 

@@ -209,12 +209,15 @@ class HashEmbedder:
 
     Texts sharing words get positive cosine similarity, identical texts identical vectors, so
     nearest-neighbour tests behave sensibly without a model. `kind` is recorded, not used.
+    `dimension_known=False` behaves like a remote model the client has no dimension for: `dimension`
+    is 0 until the first vectors are made.
     """
 
-    def __init__(self, dimension: int = 64, *, model_id: str = "hash-embedder"):
+    def __init__(self, dimension: int = 64, *, model_id: str = "hash-embedder", dimension_known: bool = True):
         if dimension < 2:
             raise ValueError(f"HashEmbedder dimension must be >= 2, got {dimension}")
-        self.dimension = dimension
+        self._size = dimension
+        self.dimension = dimension if dimension_known else 0
         self.model_id = model_id
         self.calls: list[RecordedEmbedCall] = []
 
@@ -224,17 +227,18 @@ class HashEmbedder:
         return self.embed_sync(texts)
 
     def embed_sync(self, texts: Sequence[str]) -> np.ndarray:
-        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        self.dimension = self._size
+        out = np.zeros((len(texts), self._size), dtype=np.float32)
         for row, text in enumerate(texts):
             out[row] = self._vector(text)
         return out
 
     def _vector(self, text: str) -> np.ndarray:
-        vec = np.zeros(self.dimension, dtype=np.float64)
+        vec = np.zeros(self._size, dtype=np.float64)
         for word in re.findall(r"\w+", text.lower()) or [""]:
             digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
             h = int.from_bytes(digest, "little")
-            vec[h % self.dimension] += 1.0 if (h >> 63) & 1 else -1.0
+            vec[h % self._size] += 1.0 if (h >> 63) & 1 else -1.0
         norm = np.linalg.norm(vec)
         if norm == 0:  # words cancelled out: fall back to a fixed direction
             vec[0], norm = 1.0, 1.0
