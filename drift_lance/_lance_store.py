@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,11 +126,13 @@ class LanceStore:
         self._db = db
         self._tables: dict[str, Any] = {}
         self._schemas: dict[str, pa.Schema] = {}  # of the pinned versions in self._tables
-        self._open_lock = asyncio.Lock()
+        # Single-flight loads (a table's handle, matrix, cached rows), one lock per name per event loop:
+        # an asyncio.Lock binds to the loop that first waits on it, and a store may serve several
+        # loops in its life (asyncio.run per call, a thread per loop).
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
+        self._closed = False
         self.vector_cache = BoundedCache(config.vector_cache_bytes)  # (table, version) -> _ExactIndex
         self.table_cache = BoundedCache(config.table_cache_bytes)  # (table, version) -> pl.DataFrame
-        self._exact_locks: dict[str, asyncio.Lock] = {}
-        self._rows_locks: dict[str, asyncio.Lock] = {}
         self._not_cached: set[str] = set()  # tables too large for the table cache
         self._local = is_local_uri(uri)
 
@@ -148,7 +151,12 @@ class LanceStore:
             raise StoreError(f"{self.uri}: table {table!r} has no vector column")
         return info.dimension
 
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(asyncio.get_running_loop(), {}).setdefault(name, asyncio.Lock())
+
     async def _table(self, table: str) -> Any:
+        if self._closed:
+            raise StoreError(f"{self.uri}: this store is closed")
         if table not in self.manifest.tables:
             raise StoreError(
                 f"{self.uri}: table {table!r} is not in manifest generation {self.manifest.generation} "
@@ -157,7 +165,7 @@ class LanceStore:
         handle = self._tables.get(table)
         if handle is not None:
             return handle
-        async with self._open_lock:
+        async with self._lock("open"):
             if table not in self._tables:
                 version = self.manifest.tables[table].version
                 try:
@@ -330,7 +338,7 @@ class LanceStore:
             return cached
         if self._matrix_bytes(table) > self.vector_cache.max_bytes:
             return None
-        lock = self._exact_locks.setdefault(table, asyncio.Lock())
+        lock = self._lock(f"exact:{table}")
         async with lock:
             cached = self.vector_cache.get(key)
             if cached is None:
@@ -351,7 +359,7 @@ class LanceStore:
         cached = self.table_cache.get(key)
         if cached is not None:
             return cached
-        async with self._rows_locks.setdefault(table, asyncio.Lock()):
+        async with self._lock(f"rows:{table}"):
             cached = self.table_cache.get(key)
             if cached is not None:
                 return cached
@@ -494,6 +502,8 @@ class LanceStore:
         return {", ".join(i.columns): str(i.index_type) for i in await handle.list_indices()}
 
     async def close(self) -> None:
+        """Close the tables and drop the caches; using the store afterwards raises StoreError."""
+        self._closed = True
         for handle in self._tables.values():
             handle.close()
         self._tables.clear()

@@ -17,7 +17,7 @@ from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.config.local import LocalSearchConfig
 from drift_lance.drift import DRIFTSearch, DriftCallbacks
 from drift_lance.drift.action import ActionAnswer, PrimerFoldAnswer
-from drift_lance.errors import EmbeddingMismatchError
+from drift_lance.errors import ConfigError, EmbeddingMismatchError
 from drift_lance.models.tokens import get_tokenizer
 from drift_lance.testing import HashEmbedder, ScriptedChatModel
 
@@ -536,3 +536,18 @@ async def test_close_closes_the_models_the_search_owns_and_nothing_else(store):
                          context_builder=StubContextBuilder(), tokenizer=get_tokenizer("o200k_base"), owned_models=[owned])
     await search.close()
     assert (owned.closed, given.closed) == (1, 0)
+
+
+async def test_a_stream_left_early_in_async_with_is_closed_and_a_closed_search_refuses(store):
+    chat = ScriptedChatModel(drift_responder())
+    search = make_search(store, chat, drift_k_followups=2, primer_folds=1, n_depth=1)
+    async with search.stream_search("q") as stream:
+        async for _ in stream:
+            break  # the reduce is still streaming
+    assert chat.in_flight == 0  # closed on leaving the block, not when collected
+    await search.close()
+    with pytest.raises(ConfigError, match="is closed"):
+        await search.search("q")
+    with pytest.raises(ConfigError, match="is closed"):
+        async for _ in search.stream_search("q"):
+            pass

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -241,12 +242,42 @@ def test_cli_context_json_matches_reference_records(dulce_db_uri, golden_local_c
         (["--set", "top_k_entitys=3"], "unknown local search setting"),
         (["--set", "community_prop=0.9"], "community_prop"),
         (["--query-vector", "missing.npy"], "no such file"),
+        (["--set", "column_delimiter=||"], "column_delimiter: String should have at most 1 character"),
     ],
 )
 def test_cli_context_bad_input_exits_2_naming_the_problem(dulce_db_uri, argv_tail, message, capsys):
     from drift_lance.cli import main
 
     assert main(["context", "q", "--db", dulce_db_uri, *argv_tail]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_set_takes_text_as_written_and_lists_as_one_title_or_json(dulce_db_uri, capsys):
+    """"|" is the default delimiter and titles contain colons: YAML must not get to reinterpret them."""
+    from drift_lance.cli import main
+
+    def context(*sets: str) -> str:
+        argv = ["context", "", "--db", dulce_db_uri, "--json"]
+        assert main(argv + [x for s in sets for x in ("--set", s)]) == 0, capsys.readouterr().err
+        return json.loads(capsys.readouterr().out)["context_text"]
+
+    assert context("column_delimiter=|") == context()
+    assert "\nid#entity#" in context("column_delimiter=#")
+    one = context("include_entity_names=OPERATION: DULCE")
+    two = context('include_entity_names=["OPERATION: DULCE", "ALEX MERCER"]')
+    assert "|OPERATION: DULCE|" in one and "|OPERATION: DULCE|" in two and "|ALEX MERCER|" in two
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(np.zeros(3072, dtype=np.float32), "is all zeros"), (np.array(["a", "b"]), "not a .npy array or JSON list of numbers")],
+)
+def test_cli_context_query_vector_that_cannot_rank_exits_2(dulce_db_uri, tmp_path, capsys, content, message):
+    from drift_lance.cli import main
+
+    path = tmp_path / "q.npy"
+    np.save(path, content)
+    assert main(["context", "q", "--db", dulce_db_uri, "--query-vector", str(path)]) == 2
     assert message in capsys.readouterr().err
 
 

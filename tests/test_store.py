@@ -385,3 +385,24 @@ def test_lance_compute_pool_gets_every_core_unless_set(explicit):
                           env=env, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (explicit or str(usable_cores()))
+
+
+def test_one_store_serves_several_event_loops(dulce_db_uri):
+    """asyncio.run per call (or a loop per thread): the store's single-flight loads must not stay
+    bound to the first loop that waited on them."""
+    import asyncio
+
+    store = asyncio.run(open_store(dulce_db_uri))
+    query = np.random.default_rng(2).standard_normal(3072).astype(np.float32)
+
+    async def cold_burst() -> list[list[str]]:
+        store.vector_cache.clear()
+        store.table_cache.clear()  # cold: the four searches wait on one another's loads
+        found = await asyncio.gather(*(store.search("entities", query, 3, columns=["id"]) for _ in range(4)))
+        return [f["id"].to_list() for f in found]
+
+    bursts = [asyncio.run(cold_burst()) for _ in range(3)]
+    assert all(burst == bursts[0] for burst in bursts) and len({tuple(ids) for ids in bursts[0]}) == 1
+    asyncio.run(store.close())
+    with pytest.raises(StoreError, match="this store is closed"):
+        asyncio.run(store.search("entities", query, 3))

@@ -70,12 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parse_overrides(assignments: list[str]) -> dict[str, Any]:
-    """`["max_context_tokens=8000", "include_claims=false"]` -> typed values (YAML scalars), keys
-    checked against the local search settings."""
-    import yaml
-
+    """`["max_context_tokens=8000", "include_claims=false"]` -> typed values (as `parse_value`
+    reads them), keys checked against the local search settings."""
     from drift_lance.cli import UsageError
     from drift_lance.config.local import LocalSearchConfig
+    from drift_lance.config.settings import parse_value
 
     allowed = (set(LocalSearchConfig.model_fields) | {"top_k_mapped_entities"}) - _ANSWER_ONLY_KEYS
     overrides: dict[str, Any] = {}
@@ -86,10 +85,8 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE")
         if key not in allowed:
             raise UsageError(f"--set {key}: unknown local search setting; known: {', '.join(sorted(allowed))}")
-        try:
-            overrides[key] = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            overrides[key] = raw
+        field = LocalSearchConfig.model_fields.get("top_k_entities" if key == "top_k_mapped_entities" else key)
+        overrides[key] = parse_value(raw, field.annotation if field else None)
     return overrides
 
 
@@ -101,18 +98,20 @@ def read_query_vector(path: Path) -> np.ndarray:
         if path.suffix.lower() == ".npy":
             value = np.load(path, allow_pickle=False)
         else:
-            value = np.asarray(json.loads(path.read_text(encoding="utf-8")), dtype=np.float32)
+            value = json.loads(path.read_text(encoding="utf-8"))
+        vector = np.asarray(value, dtype=np.float32)
     except FileNotFoundError:
         raise UsageError(f"--query-vector {path}: no such file") from None
     except (ValueError, TypeError, OSError) as exc:
         raise UsageError(f"--query-vector {path}: not a .npy array or JSON list of numbers ({exc})") from None
-    vector = np.asarray(value, dtype=np.float32)
     if vector.ndim == 2 and vector.shape[0] == 1:
         vector = vector[0]
     if vector.ndim != 1 or vector.size == 0:
         raise UsageError(f"--query-vector {path}: expected one vector, got an array of shape {vector.shape}")
     if not np.all(np.isfinite(vector)):
         raise UsageError(f"--query-vector {path}: contains NaN or inf")
+    if not np.any(vector):
+        raise UsageError(f"--query-vector {path}: is all zeros (it has no direction to rank by)")
     return vector
 
 

@@ -47,7 +47,7 @@ class LocalSearchConfig(BaseModel):
     min_community_rank: float = 0
     use_community_summary: bool = False
     community_context_name: str = "Reports"
-    column_delimiter: str = Field("|", min_length=1)
+    column_delimiter: str = Field("|", min_length=1, max_length=1)  # one character: a CSV delimiter, as in graphrag
     include_entity_names: list[str] = Field(default_factory=list)
     exclude_entity_names: list[str] = Field(default_factory=list)
 

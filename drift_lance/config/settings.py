@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import re
+import types
+import typing
 import tomllib
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
@@ -132,12 +134,40 @@ def parse_assignments(assignments: Iterable[str], *, section: str | None = None)
             raise ConfigError(f"--set {item!r}: expected key=value")
         if "." not in key and section is not None:
             key = f"{section}.{key}"
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
-        updates[key] = value
+        updates[key] = parse_value(raw, _annotation_of(key))
     return updates
+
+
+def parse_value(raw: str, annotation: Any = None) -> Any:
+    """A `--set` value for a field of type `annotation`: a text field takes the text as written
+    ("|", "#", "yes" and "a: b" are text, not YAML), a list of texts takes a JSON/YAML list or one
+    item, numbers and booleans are read as YAML scalars; "none" clears an optional field."""
+    kinds = set(typing.get_args(annotation)) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else {annotation}
+    if type(None) in kinds and raw.strip().lower() in ("none", "null"):
+        return None
+    if str in kinds:
+        return raw
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if any(typing.get_origin(k) is list for k in kinds) and not isinstance(value, list):
+        return [raw]
+    return value
+
+
+def _annotation_of(dotted: str) -> Any:
+    """The declared type of the settings field at `dotted` (None when there is no such field:
+    validation then names it)."""
+    model: Any = Settings
+    annotation = None
+    for name in dotted.split("."):
+        field = getattr(model, "model_fields", {}).get(name)
+        if field is None:
+            return None
+        annotation = field.annotation
+        model = annotation
+    return annotation
 
 
 def read_settings_file(path: Path) -> dict[str, Any]:

@@ -97,6 +97,7 @@ class DRIFTSearch:
         self.callbacks = list(callbacks)
         self._owns_store = owns_store
         self._owned_models = list(owned_models)
+        self._closed = False
         check_embedder(store, embedder)
 
     # ------------------------------------------------------------------ public API
@@ -118,7 +119,9 @@ class DRIFTSearch:
         return DriftStream(self, query, callbacks)
 
     async def close(self) -> None:
-        """Close what `open_drift_search` opened: the store and the models it built."""
+        """Close what `open_drift_search` opened: the store and the models it built. A search
+        after this raises ConfigError instead of quietly reopening what nothing would close."""
+        self._closed = True
         try:
             await aclose_models(*self._owned_models)
         finally:
@@ -133,6 +136,8 @@ class DRIFTSearch:
 
     # ------------------------------------------------------------------ stages
     def _new_run(self, query: str, callbacks: Sequence[DriftCallbacks]) -> _Run:
+        if self._closed:
+            raise ConfigError(f"this DRIFTSearch on {self.store.uri} is closed")
         if not query or not query.strip():
             raise ConfigError("DRIFT search query cannot be empty")
         cfg = self.config

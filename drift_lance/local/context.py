@@ -329,6 +329,8 @@ class LocalContextBuilder:
         return vector
 
     def _check_vector(self, vector: np.ndarray, source: str = "query vector") -> None:
+        if vector.size and not np.any(vector):
+            raise EmbeddingMismatchError(f"{source} is all zeros: it has no direction to rank entities by")
         info = self.store.manifest.vectors.get(schema.ENTITIES)
         if info is not None and vector.shape[0] != info.dimension:
             raise EmbeddingMismatchError(

@@ -35,8 +35,12 @@ class ConversationHistory:
     def from_any(cls, value: ConversationHistory | Sequence[Message | Mapping[str, str]] | None) -> ConversationHistory:
         if value is None or isinstance(value, ConversationHistory):
             return value or cls()
+        if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+            raise ConfigError(f"conversation_history: expected a list of {{role, content}} turns, got {type(value).__name__}")
         turns = []
         for index, item in enumerate(value):
+            if not isinstance(item, Message | Mapping):
+                raise ConfigError(f"conversation_history[{index}]: expected a {{role, content}} mapping, got {type(item).__name__}")
             role, content = (item.role, item.content) if isinstance(item, Message) else (item.get("role", "user"), item.get("content", ""))
             if role not in _ROLES:
                 raise ConfigError(f"conversation_history[{index}].role: {role!r} is not one of {', '.join(_ROLES)}")

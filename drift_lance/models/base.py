@@ -128,6 +128,14 @@ class GeneratorStream:
         if self._gen is not None:
             await self._gen.aclose()  # type: ignore[attr-defined]
 
+    # `async with search.stream_search(q) as stream:` closes it however the loop is left (an
+    # abandoned stream holds its model call, and a concurrency slot, until it is collected).
+    async def __aenter__(self) -> GeneratorStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
 
 @runtime_checkable
 class ChatModel(Protocol):
