@@ -222,6 +222,14 @@ def test_line_by_line_token_sums_equal_whole_text_counts(golden_local_context):
     assert checked >= 24
 
 
+async def test_an_empty_query_maps_to_the_top_degree_entities_in_graphrags_order(dulce_store):
+    """graphrag answers an empty query with the highest-degree entities; its read_indexer_entities
+    groups entities by `id`, so ties in degree come in id order. Measured with graphrag 3.3.0 on this
+    index with LocalSearchConfig's defaults (the whole context text was byte-identical)."""
+    context = await LocalContextBuilder(dulce_store).build("")
+    assert [r["id"] for r in context.records["entities"].to_dicts()][:10] == ["10", "1", "0", "3", "2", "4", "5", "30", "17", "29"]
+
+
 def test_cli_context_json_matches_reference_records(dulce_db_uri, golden_local_context, tmp_path, capsys):
     from drift_lance.cli import main
 

@@ -359,9 +359,9 @@ class LocalContextBuilder:
     async def _top_degree_entities(self, k: int, level: int) -> pl.DataFrame:
         # Only three narrow columns are scanned; rows are fetched for the k winners.
         ranks = await self.store.scan(schema.ENTITIES, columns=["id", "human_readable_id", "degree", "community_levels"])
-        ranks = ranks.filter(_eligible(level)).sort(
-            [pl.col("degree").fill_null(0), "human_readable_id"], descending=[True, False]
-        )
+        # Ties in degree in graphrag's order: read_indexer_entities groups the entities by `id`,
+        # which sorts them by id, and the empty-query branch then sorts stably by degree.
+        ranks = ranks.filter(_eligible(level)).sort([pl.col("degree").fill_null(0), "id"], descending=[True, False])
         winners = ranks["id"].head(k).to_list()
         rows = await self.store.fetch(schema.ENTITIES, "id", winners, columns=_ENTITY_COLUMNS)
         return _in_key_order(rows, "id", winners)

@@ -2,7 +2,9 @@
 
 All functions are pure (Polars / numpy in, ordered rows out) so they can be tested on hand-made
 tables. Input order ties are broken by `human_readable_id`, which is the row order of graphrag's
-parquet files (graphrag keeps its in-memory lists in that order).
+parquet files (graphrag keeps its in-memory lists in that order). One exception lives in the
+builder: an empty query's top-degree entities break ties by `id`, as graphrag's entity reader
+groups them by id.
 """
 
 from __future__ import annotations
