@@ -193,8 +193,8 @@ def _relationships(t: _Table, degrees: dict[str, int]) -> pl.DataFrame:
     _check_unique(t, "id", ids)
     source = t.typed(t.need("source"), _STR, not_null=True)
     target = t.typed(t.need("target"), _STR, not_null=True)
-    if t.has("combined_degree"):
-        combined = t.typed("combined_degree", _I64)
+    if degree_col := t.pick("combined_degree", "rank"):  # graphrag 0.x stored the combined degree as `rank`
+        combined = t.typed(degree_col, _I64)
     else:
         combined = pl.Series(
             [degrees.get(s, 0) + degrees.get(o, 0) for s, o in zip(source.to_list(), target.to_list(), strict=True)],

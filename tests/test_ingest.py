@@ -196,6 +196,22 @@ async def test_missing_vectors_must_be_computed_in_the_index_embedding_space(
     assert {v.dimension for v in report.manifest.vectors.values()} == {8}
 
 
+async def test_a_relationship_rank_column_is_read_as_the_combined_degree(dulce_dir, tmp_path):
+    """graphrag 0.x stored a relationship's combined degree as `rank`. Recomputed from the entities
+    table instead, relationships to nodes that are not entities (dulce has some) came out wrong."""
+    def to_rank(root: Path) -> None:
+        rewrite(root / "relationships.parquet",
+                lambda f: f.rename({"combined_degree": "rank"}).with_columns(pl.col("rank") + 1000))
+
+    src = copy_index(dulce_dir, tmp_path / "src", to_rank)
+    await ingest.run_ingest(src, str(tmp_path / "db"), progress=False)
+    expected = pl.read_parquet(dulce_dir / "relationships.parquet").select("id", (pl.col("combined_degree") + 1000).alias("want"))
+    store = await open_store(str(tmp_path / "db"))
+    landed = (await store.scan("relationships", columns=["id", "combined_degree"])).join(expected, on="id")
+    assert landed.height == expected.height and (landed["combined_degree"] == landed["want"]).all()
+    await store.close()
+
+
 async def test_old_name_and_embedding_column_variant(carol_dir, tmp_path):
     """graphrag 0.4: entity `name`, vectors in `description_embedding`, `source_id` strings."""
     rng = np.random.default_rng(1)
