@@ -551,3 +551,19 @@ async def test_a_stream_left_early_in_async_with_is_closed_and_a_closed_search_r
     with pytest.raises(ConfigError, match="is closed"):
         async for _ in search.stream_search("q"):
             pass
+
+
+async def test_drift_budgets_fit_a_model_with_a_small_fixed_window(store):
+    from drift_lance.local import LocalContextBuilder
+    from drift_lance.models import get_tokenizer
+
+    chat = ScriptedChatModel(drift_responder())
+    chat.n_ctx = 4096
+    builder = LocalContextBuilder(store)
+    search = make_search(store, chat, builder=builder, drift_k_followups=2, primer_folds=1, n_depth=1)
+    assert (search.config.local_search_max_data_tokens, search.config.primer_llm_max_tokens, search.config.data_max_tokens) == (2048, 2048, 2048)
+    result = await search.search("q")
+    count = get_tokenizer("o200k_base").count
+    contexts = [text for query, text in result.context_text.items() if query != "q"]
+    assert contexts and all(0 < count(text) <= 2048 for text in contexts)
+

@@ -118,3 +118,17 @@ def test_prompt_placeholders_are_checked(tmp_path):
     missing.write_text("no tables")
     with pytest.raises(ConfigError, match="context_data"):
         load_local_prompt(missing)
+
+
+async def test_a_model_with_a_small_fixed_window_gets_a_context_that_fits_it(dulce_store, query_vector):
+    """The embedded llama.cpp model has an 8192-token window; the default 12000-token context
+    overflowed it ("Requested tokens exceed context window"). Remote models declare no window."""
+    from drift_lance.models import get_tokenizer
+
+    roomy = await LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store)).search("q", query_vector=query_vector)
+    small = ScriptedChatModel([ANSWER])
+    small.n_ctx = 4096  # what LocalChatModel exposes
+    fitted = await LocalSearch(small, LocalContextBuilder(dulce_store)).search("q", query_vector=query_vector)
+    count = get_tokenizer("o200k_base").count
+    assert count(roomy.context_text) > 2048 >= count(fitted.context_text) > 0  # (4096 - 1024 - 512) * 0.8
+

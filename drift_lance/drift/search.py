@@ -28,7 +28,7 @@ from drift_lance.drift.prompts import DriftPrompts, load_prompts
 from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
 from drift_lance.drift.state import QueryState
 from drift_lance.errors import ConfigError
-from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, aclose_models
+from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, aclose_models, fit_to_window
 from drift_lance.store import IndexStore
 
 __all__ = ["ContextBuilder", "DRIFTSearch", "DriftStream", "local_config_for_drift", "open_drift_search"]
@@ -45,9 +45,10 @@ class ContextBuilder(Protocol):
     """What DRIFT needs from local search: `drift_lance.local.LocalContextBuilder` fits. A builder
     may also offer `select_entities(vectors) -> list` (one batched entity search per epoch, each
     result passed back to `build` as `selected_entities`) and `prefetch(selections)` (the epoch's
-    row lookups in one round, passed to every `build` as `candidates`)."""
+    row lookups in one round, passed to every `build` as `candidates`). With a chat model of a small
+    fixed window `build` also gets `max_context_tokens`."""
 
-    async def build(self, query: str, *, query_vector: Any = None, embedder: Embedder | None = None) -> LocalContextLike: ...
+    async def build(self, query: str, *, query_vector: Any = None, embedder: Embedder | None = None, **overrides: Any) -> LocalContextLike: ...
 
 
 @dataclass(slots=True)
@@ -92,7 +93,7 @@ class DRIFTSearch:
         self.embedder = embedder
         self.context_builder = context_builder
         self.tokenizer = tokenizer
-        self.config = config or DRIFTSearchConfig()
+        self.config, self._follow_up_budget = _fit_budgets_to_model(config or DRIFTSearchConfig(), chat_model)
         self.prompts = prompts or load_prompts(self.config)
         self.callbacks = list(callbacks)
         self._owns_store = owns_store
@@ -230,11 +231,13 @@ class DRIFTSearch:
         """Local search for one follow-up. Never raises (except cancellation): failures mark the action."""
         llm_started = False
         try:
+            # a model with a small fixed window: each follow-up's context is built to fit it
+            budget = {} if self._follow_up_budget is None else {"max_context_tokens": self._follow_up_budget}
             async with run.context_slots:
                 if query_vector is None:
-                    context = await self.context_builder.build(action.query, embedder=self.embedder)
+                    context = await self.context_builder.build(action.query, embedder=self.embedder, **budget)
                 else:
-                    context = await self.context_builder.build(action.query, query_vector=query_vector, **(extra or {}))
+                    context = await self.context_builder.build(action.query, query_vector=query_vector, **(extra or {}), **budget)
             action.metadata["context_data"] = context.records  # kept lazy: serialized from its rows
             action.metadata["context_text"] = context.context_text
             cfg = self.config
@@ -359,6 +362,21 @@ def _call_usage(usage: Usage) -> Usage:
 def _usage_from_counts(counts: dict[str, int]) -> Usage:
     return Usage(counts["prompt_tokens"], counts["output_tokens"], counts["llm_calls"])
 
+
+
+def _fit_budgets_to_model(config: DRIFTSearchConfig, chat_model: Any) -> tuple[DRIFTSearchConfig, int | None]:
+    """`config` with its token budgets lowered to what fits a model with a small fixed context window
+    (the embedded llama.cpp model: 8192), and the follow-ups' context budget when it was lowered."""
+    fitted = {
+        "primer_llm_max_tokens": fit_to_window(chat_model, config.primer_llm_max_tokens, None),
+        "local_search_max_data_tokens": fit_to_window(chat_model, config.local_search_max_data_tokens, config.action_output_cap),
+        "data_max_tokens": fit_to_window(chat_model, config.data_max_tokens, config.reduce_output_cap),
+    }
+    lowered = {name: value for name, value in fitted.items() if value < getattr(config, name)}
+    if not lowered:
+        return config, None
+    log.info("DRIFT: token budgets lowered to fit the chat model's context window: %s", lowered)
+    return config.model_copy(update=lowered), lowered.get("local_search_max_data_tokens")
 
 
 def local_config_for_drift(config: DRIFTSearchConfig, base: Any = None) -> Any:

@@ -21,7 +21,7 @@ from drift_lance.config.local import LocalSearchConfig
 from drift_lance.drift.result import SearchResult, to_jsonable
 from drift_lance.errors import ConfigError
 from drift_lance.local.context import LocalContext, LocalContextBuilder
-from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage
+from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, fit_to_window
 from drift_lance.models.deadline import deltas_within, within
 
 __all__ = ["LocalSearch", "load_local_prompt"]
@@ -73,12 +73,17 @@ class LocalSearch:
     async def build_context(
         self, query: str, *, query_vector: np.ndarray | Sequence[float] | None = None, conversation_history: Any = None, **overrides: Any
     ) -> LocalContext:
+        overrides = {**self._config_overrides(), **overrides}
+        budget = overrides.get("max_context_tokens", self.builder.config.max_context_tokens)
+        fitted = fit_to_window(self.model, budget, self.params.max_tokens if self.params else None)
+        if fitted < budget:  # a model with a small fixed window (the embedded one): the context must fit it
+            overrides["max_context_tokens"] = fitted
         return await self.builder.build(
             query,
             query_vector=query_vector,
             embedder=self.embedder,
             conversation_history=conversation_history,
-            **{**self._config_overrides(), **overrides},
+            **overrides,
         )
 
     def _config_overrides(self) -> dict[str, Any]:

@@ -137,6 +137,23 @@ class GeneratorStream:
         await self.aclose()
 
 
+# Share of a model's free window a context may fill: budgets count o200k tokens, the model counts
+# its own, and the two differ by a few percent either way.
+WINDOW_SHARE = 0.8
+PROMPT_RESERVE = 1024  # a prompt template and the question, in tokens
+
+
+def fit_to_window(model: Any, budget: int, answer_tokens: int | None) -> int:
+    """`budget` (tokens of context data), lowered to what fits the model's context window when the
+    model has a fixed one (`n_ctx`, e.g. the embedded llama.cpp model's 8192) next to the prompt and
+    the answer. Remote models declare none: `budget` as configured."""
+    window = getattr(model, "n_ctx", None)
+    if not isinstance(window, int) or window <= 0:
+        return budget
+    free = window - PROMPT_RESERVE - (answer_tokens or 512)
+    return max(0, min(budget, int(free * WINDOW_SHARE)))
+
+
 @runtime_checkable
 class ChatModel(Protocol):
     """An async chat model. Implementations must be safe to call concurrently."""
