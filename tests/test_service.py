@@ -250,7 +250,8 @@ def test_a_body_not_sent_as_json_is_415_saying_so(server):
         with client.stream("POST", "/v1/search/stream", content=body, headers={"content-type": "text/plain"}) as streamed:
             streamed.read()
         with_charset = client.post("/v1/search", content=body, headers={"content-type": "application/json; charset=utf-8"})
-    for r in (form, streamed):
+        untyped = client.post("/v1/search", content=body, headers={"content-type": ""})
+    for r in (form, streamed, untyped):
         assert r.status_code == 415 and _error(r)["code"] == "unsupported_media_type"
         assert "Content-Type: application/json" in _error(r)["message"]
     assert with_charset.status_code == 200

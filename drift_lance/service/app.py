@@ -211,7 +211,7 @@ async def _json_body(request: Request) -> None:
     would report as "Input should be a valid dictionary"; say what is wrong instead."""
     kind = request.headers.get("content-type", "")
     media = kind.split(";", 1)[0].strip().lower()
-    if media and media != "application/json" and not media.endswith("+json"):
+    if media != "application/json" and not media.endswith("+json"):  # a missing type too
         raise ApiError(
             415, "unsupported_media_type",
             f"send the request body as JSON with Content-Type: application/json (got {kind!r}; "
