@@ -14,6 +14,7 @@ from fixtures.service import REDUCE_ANSWER, GatedChatModel, make_backend, script
 
 from drift_lance.config.settings import Settings
 from drift_lance.service import create_app
+from drift_lance.store import Manifest
 
 COUNT_FIELDS = (
     "llm_calls",
@@ -107,6 +108,10 @@ def test_index_health_and_readiness(server):
     assert manifest["tables"]["entities"]["rows"] > 0
     assert manifest["vectors"]["entities"]["dimension"] == 64
     assert {"/v1/search", "/v1/search/stream", "/v1/index", "/healthz", "/readyz"} <= set(schema["paths"])
+    # a generated client gets a typed manifest and the Retry-After header of 429 / 503
+    index_ok = schema["paths"]["/v1/index"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert index_ok == {"$ref": "#/components/schemas/Manifest"} and Manifest.model_validate(manifest).generation == 1
+    assert "Retry-After" in schema["paths"]["/v1/search"]["post"]["responses"]["429"]["headers"]
 
 
 def test_ready_service_exempts_its_start_up_objects_from_garbage_collection(service_settings, live_server, unfrozen_gc):

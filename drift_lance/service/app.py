@@ -28,6 +28,7 @@ from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
 from drift_lance.models.base import ModelError
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, error_responses, install_error_handlers
+from drift_lance.store import Manifest
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
 
@@ -223,7 +224,8 @@ def _api_routes(state: _ServiceState) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["search"])
     cfg = state.settings.service
 
-    @router.get("/index", summary="Manifest of the served index", responses=error_responses(401, 503))
+    @router.get("/index", summary="Manifest of the served index", response_model=Manifest,
+                responses=error_responses(401, 503))
     async def index() -> JSONResponse:
         state.require_ready()
         return JSONResponse(state.backend.manifest().model_dump(mode="json"))

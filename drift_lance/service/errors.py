@@ -69,7 +69,11 @@ def error_responses(*statuses: int) -> dict[int | str, dict]:
         503: "Store or models not ready yet",
         504: "The search exceeded the server's time limit",
     }
-    return {s: {"model": ErrorResponse, "description": descriptions[s]} for s in statuses}
+    retry_after = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+    return {
+        s: {"model": ErrorResponse, "description": descriptions[s], **({"headers": retry_after} if s in (429, 503) else {})}
+        for s in statuses
+    }
 
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 401: "unauthorized"}
