@@ -22,7 +22,7 @@ from drift_lance import schema
 from drift_lance.config.ingest import IngestConfig
 from drift_lance.errors import IngestError
 from drift_lance.models.base import Embedder
-from drift_lance.models.compat import NATIVE_EMBEDDING_DIMS, normalise_model_id
+from drift_lance.models.compat import native_dimension, normalise_model_id
 from drift_lance.store import Manifest
 from ingest.embeddings import TableVectors, align, compute, find_reusable
 from ingest.layouts import SourceIndex, detect_layout
@@ -144,7 +144,7 @@ def _check_one_space(reused: TableVectors, model_id: str, dimension: int, table:
 def _check_recorded_model(reused: TableVectors, embedding_model: str) -> None:
     """--embedding-model names the model that made the index's vectors: an OpenAI model whose full
     dimension is below theirs cannot have (text-embedding-3-* can be shortened, not lengthened)."""
-    native = NATIVE_EMBEDDING_DIMS.get(normalise_model_id(embedding_model).rsplit("/", 1)[-1])
+    native = native_dimension(embedding_model)
     if native is not None and reused.matrix.shape[1] > native:
         raise IngestError(
             f"{reused.origin}: vectors have dimension {reused.matrix.shape[1]}, but --embedding-model "

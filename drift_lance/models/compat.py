@@ -28,6 +28,12 @@ def normalise_model_id(model: str) -> str:
     return _PROVIDER_PREFIX.sub("", model.strip()).lower()
 
 
+def native_dimension(model: str) -> int | None:
+    """The full dimension of an OpenAI embedding model named `model` (any provider or deployment
+    path before it), or None for a model not in the table."""
+    return NATIVE_EMBEDDING_DIMS.get(normalise_model_id(model).rsplit("/", 1)[-1])
+
+
 def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder, *, uri: str = "") -> None:
     """Raise EmbeddingMismatchError when `embedder` cannot produce vectors comparable with the
     table's stored ones: a different dimension, or a different model. When the stored model is

@@ -46,7 +46,7 @@ from tenacity.wait import wait_base
 from drift_lance.config.models import ModelSettings
 from drift_lance.errors import first_cause
 from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, Usage
-from drift_lance.models.compat import NATIVE_EMBEDDING_DIMS, normalise_model_id
+from drift_lance.models.compat import native_dimension
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
 from drift_lance.models.structured import parse_structured, response_format_for, schema_instruction
 from drift_lance.models.tokens import tokenizer_for_model
@@ -582,7 +582,7 @@ class OpenAIEmbedder:
         self._endpoint = _Endpoint(settings, model=model, embeddings=True)
         self._float_only = False  # set when the server rejects encoding_format=base64
         # 0 = not known until the first response (an unlisted model on a custom server)
-        self.dimension = settings.embedding_dimension or NATIVE_EMBEDDING_DIMS.get(normalise_model_id(model).rsplit("/", 1)[-1], 0)
+        self.dimension = settings.embedding_dimension or native_dimension(model) or 0
 
     async def aclose(self) -> None:
         await self._endpoint.aclose()
