@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 import types
 import typing
-import tomllib
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -142,7 +142,7 @@ def parse_value(raw: str, annotation: Any = None) -> Any:
     """A `--set` value for a field of type `annotation`: a text field takes the text as written
     ("|", "#", "yes" and "a: b" are text, not YAML), a list of texts takes a JSON/YAML list or one
     item, numbers and booleans are read as YAML scalars; "none" clears an optional field."""
-    kinds = set(typing.get_args(annotation)) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else {annotation}
+    kinds = set(union_members(annotation))
     if type(None) in kinds and raw.strip().lower() in ("none", "null"):
         return None
     if str in kinds:
@@ -154,6 +154,13 @@ def parse_value(raw: str, annotation: Any = None) -> Any:
     if any(typing.get_origin(k) is list for k in kinds) and not isinstance(value, list):
         return [raw]
     return value
+
+
+def union_members(annotation: Any) -> tuple[Any, ...]:
+    """The types of a union annotation (`int | None` -> (int, NoneType)), or the annotation alone."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return typing.get_args(annotation)
+    return (annotation,)
 
 
 def _annotation_of(dotted: str) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import types
 import typing
 from typing import Any
 
@@ -12,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from drift_lance.config.service import RequestCaps
+from drift_lance.config.settings import union_members
 from drift_lance.service.errors import ApiError, validation_error
 
 _NUMERIC = (int, float, bool)
@@ -23,16 +23,10 @@ def overridable_fields(model: type[BaseModel], server_only: typing.Iterable[str]
     a file it names."""
     allowed = set()
     for name, info in model.model_fields.items():
-        kinds = [a for a in _union_members(info.annotation) if a is not type(None)]
+        kinds = [a for a in union_members(info.annotation) if a is not type(None)]
         if kinds and all(k in _NUMERIC for k in kinds):
             allowed.add(name)
     return allowed - set(server_only)
-
-
-def _union_members(annotation: Any) -> tuple[Any, ...]:
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        return typing.get_args(annotation)
-    return (annotation,)
 
 
 def resolve_search_config(base: BaseModel, overrides: dict[str, Any], caps: RequestCaps) -> BaseModel:
@@ -61,7 +55,7 @@ def resolve_search_config(base: BaseModel, overrides: dict[str, Any], caps: Requ
 def _check_json_type(key: str, value: Any, annotation: Any) -> None:
     """JSON types as the field declares them: pydantic's lax mode would take "2" or true for
     n_depth, and a client sending those has a bug worth hearing about."""
-    kinds = set(_union_members(annotation))
+    kinds = set(union_members(annotation))
     if value is None and type(None) in kinds:
         return
     if isinstance(value, bool):
