@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 import time
 from pathlib import Path
@@ -14,8 +13,6 @@ from typing import Any, TextIO
 
 from drift_lance.drift.callbacks import DriftCallbacks
 from drift_lance.drift.result import STAGES, SearchResult
-
-log = logging.getLogger(__name__)
 
 # Top-level keys of graphrag's settings.yaml that a drift-lance settings file never has.
 _GRAPHRAG_ONLY_KEYS = ("completion_models", "embedding_models", "input", "output", "extract_graph", "vector_store")
@@ -117,21 +114,15 @@ def _with_graphrag_local_search(settings: Any, path: Path) -> Any:
     """`settings` with a graphrag settings.yaml's `local_search:` block applied, as its
     `drift_search:` block is for DRIFT: LocalSearchConfig has graphrag's fields; other keys are
     ignored with a warning; the prompt path is relative to the file."""
-    from drift_lance.config.drift import read_config_mapping
+    from drift_lance.config.drift import read_config_mapping, section_values
     from drift_lance.config.local import LocalSearchConfig
     from drift_lance.errors import ConfigError
 
     section = read_config_mapping(path).get("local_search") or {}
     if not isinstance(section, dict):
         raise ConfigError(f"config file {path}: section 'local_search' must be a mapping")
-    updates: dict[str, Any] = {}
-    for key, value in section.items():
-        if key not in LocalSearchConfig.model_fields:
-            log.warning("config file %s: ignoring unknown local_search key %r", path, key)
-            continue
-        if key == "prompt" and isinstance(value, str) and value and not Path(value).is_absolute():
-            value = str((path.parent / value).resolve())
-        updates[f"local.{key}"] = value
+    values = section_values(section, path, block="local_search", fields=LocalSearchConfig.model_fields, prompt_fields=("prompt",))
+    updates = {f"local.{key}": value for key, value in values.items()}
     try:
         return settings.with_updates(updates)
     except ConfigError as exc:

@@ -14,7 +14,7 @@ import logging
 import os
 import tomllib
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from drift_lance.errors import ConfigError
 
-__all__ = ["DRIFTSearchConfig", "ENV_PREFIX", "load_drift_config", "parse_set_options", "read_config_mapping"]
+__all__ = ["DRIFTSearchConfig", "ENV_PREFIX", "load_drift_config", "parse_set_options", "read_config_mapping", "section_values"]
 
 log = logging.getLogger(__name__)
 
@@ -206,13 +206,30 @@ def _drift_section(data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _known_values(section: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    return section_values(section, path, block="drift_search", fields=FIELDS, prompt_fields=_PROMPT_FIELDS,
+                          canonical=_canonical)
+
+
+def section_values(
+    section: Mapping[str, Any],
+    path: Path,
+    *,
+    block: str,
+    fields: Iterable[str],
+    prompt_fields: Iterable[str] = (),
+    canonical: Callable[[str], str] = str,
+) -> dict[str, Any]:
+    """The entries of a settings file's `block:` section that name one of `fields` (after
+    `canonical`; others are ignored with a warning, as graphrag's settings.yaml has keys we do not
+    use), prompt file paths resolved against the file's folder."""
+    known, prompts = set(fields), set(prompt_fields)
     values: dict[str, Any] = {}
     for key, value in section.items():
-        field = _canonical(str(key))
-        if field not in FIELDS:
-            log.warning("config file %s: ignoring unknown drift_search key %r", path, key)
+        field = canonical(str(key))
+        if field not in known:
+            log.warning("config file %s: ignoring unknown %s key %r", path, block, key)
             continue
-        if field in _PROMPT_FIELDS and isinstance(value, str) and value:
+        if field in prompts and isinstance(value, str) and value:
             value = str((path.parent / value).resolve()) if not Path(value).is_absolute() else value
         values[field] = value
     return values
