@@ -89,17 +89,6 @@ async def prepare(
     """Read, validate and normalise `src` and attach vectors; nothing is written."""
     source = detect_layout(src)
     norm = normalize(source)
-    cached: list[Embedder] = []
-
-    def embedder_factory() -> Embedder:
-        if embedder is not None:
-            return embedder
-        if not cached:  # the configured default, built only when some vectors must be computed
-            from drift_lance.models import get_embedder
-
-            cached.append(get_embedder())
-        return cached[0]
-
     vectors: dict[str, TableVectors] = {}
     if not reembed:
         for name in schema.VECTOR_TABLES:
@@ -111,15 +100,18 @@ async def prepare(
     missing = [name for name in _WRITE_ORDER if name in schema.VECTOR_TABLES and name in norm.tables and name not in vectors]
     computed = 0
     if missing:
-        model = embedder_factory()
+        if embedder is None:  # the configured default, built only when some vectors must be computed
+            from drift_lance.models import get_embedder
+
+            embedder = get_embedder()
         reused = next(iter(vectors.values()), None)
         if reused is not None:  # checked before embedding anything (a remote model may take hours)
-            _check_one_space(reused, model.model_id, model.dimension, missing[0], embedding_model)
+            _check_one_space(reused, embedder.model_id, embedder.dimension, missing[0], embedding_model)
         for name in missing:
-            vectors[name], n = await _computed_vectors(norm, name, model, config, progress)
+            vectors[name], n = await _computed_vectors(norm, name, embedder, config, progress)
             computed += n
             if reused is not None:  # a model of unknown dimension is known now
-                _check_one_space(reused, model.model_id, vectors[name].matrix.shape[1], name, embedding_model)
+                _check_one_space(reused, embedder.model_id, vectors[name].matrix.shape[1], name, embedding_model)
     prepared = [PreparedTable(name, norm.tables[name], vectors.get(name)) for name in _WRITE_ORDER if name in norm.tables]
     return source, prepared, computed
 

@@ -220,8 +220,9 @@ async def compute(texts: Sequence[str], embedder: Embedder, *, batch_size: int, 
     """Embed `texts` in batches (one call at a time: embedders are CPU- or rate-bound) with a progress bar."""
     from tqdm.auto import tqdm
 
-    out = np.zeros((len(texts), embedder.dimension), dtype=np.float32)  # resized by the first batch if
-    # the embedder only learns its dimension from its first answer (a remote model it has no table for)
+    # Sized by the first batch: an embedder may only learn its dimension from its first answer (a
+    # remote model the client has no table for).
+    out: np.ndarray | None = None
     with tqdm(total=len(texts), desc=desc, unit="text", disable=not progress, leave=False) as bar:
         for start in range(0, len(texts), batch_size):
             batch = list(texts[start : start + batch_size])
@@ -231,10 +232,12 @@ async def compute(texts: Sequence[str], embedder: Embedder, *, batch_size: int, 
                     f"embedder {embedder.model_id!r} returned shape {vectors.shape} for {len(batch)} texts, "
                     f"expected ({len(batch)}, {embedder.dimension})"
                 )
-            if start == 0 and out.shape[1] != vectors.shape[1]:
+            if out is None:
                 out = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
             out[start : start + len(batch)] = vectors
             bar.update(len(batch))
+    if out is None:  # no texts
+        out = np.zeros((0, embedder.dimension), dtype=np.float32)
     return normalise_rows(out, f"embedder {embedder.model_id!r} ({desc})")
 
 
