@@ -124,8 +124,7 @@ def _prepare_locked(out: Path, rows: int, dim: int, queries: int, seed: int) -> 
     import lancedb
 
     space = VectorSpace(dim, seed)
-    query_vectors = space.queries(queries)
-    truth = _TopK(len(query_vectors), k=100)
+    query_vectors, truth = _queries_and_truth(space, queries)
 
     def batches() -> Iterator[pa.RecordBatch]:
         for first_id, chunk in space.chunks(rows):
@@ -139,12 +138,9 @@ def _prepare_locked(out: Path, rows: int, dim: int, queries: int, seed: int) -> 
     db = lancedb.connect(str(out / "db"))
     db.create_table(TABLE, data=pa.RecordBatchReader.from_batches(schema, batches()), schema=schema)
     write_s = time.perf_counter() - started
-    np.save(out / "queries.npy", query_vectors)
-    np.save(out / "truth.npy", truth.ids())
     meta = {"dir": str(out), "db": str(out / "db"), "rows": rows, "dim": dim, "seed": seed,
             "queries": queries, "write_s": write_s}
-    meta_path.write_text(json.dumps(meta))
-    return meta
+    return _save_queries(meta_path, meta, query_vectors, truth)
 
 
 def _more_queries(meta_path: Path, meta: dict, queries: int) -> dict:
@@ -153,14 +149,23 @@ def _more_queries(meta_path: Path, meta: dict, queries: int) -> dict:
     rows, dim, seed = meta["rows"], meta["dim"], meta["seed"]
     log(f"  {rows:,}x{dim}: {queries} queries (had {meta.get('queries', 0)}); the table stays")
     space = VectorSpace(dim, seed)
-    query_vectors = space.queries(queries)
-    truth = _TopK(len(query_vectors), k=100)
+    query_vectors, truth = _queries_and_truth(space, queries)
     for first_id, chunk in space.chunks(rows):
         truth.update(query_vectors @ chunk.T, first_id)
+    return _save_queries(meta_path, {**meta, "queries": queries}, query_vectors, truth)
+
+
+def _queries_and_truth(space: VectorSpace, queries: int) -> tuple[np.ndarray, _TopK]:
+    """The dataset's query vectors and an empty running exact top 100 for them."""
+    query_vectors = space.queries(queries)
+    return query_vectors, _TopK(len(query_vectors), k=100)
+
+
+def _save_queries(meta_path: Path, meta: dict, query_vectors: np.ndarray, truth: _TopK) -> dict:
+    """Write the queries, their exact top 100 and then `meta` (last: its presence marks a complete dataset)."""
     out = meta_path.parent
     np.save(out / "queries.npy", query_vectors)
     np.save(out / "truth.npy", truth.ids())
-    meta = {**meta, "queries": queries}
     meta_path.write_text(json.dumps(meta))
     return meta
 
