@@ -57,10 +57,9 @@ async def describe(uri: str, storage_options: dict[str, str] | None = None, conf
 
 
 def run(args: argparse.Namespace) -> int:
+    from drift_lance.cli import UsageError
     from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.config.settings import Settings
-
-    from drift_lance.cli import UsageError
 
     # db and store.storage_options from the settings ($DRIFT_LANCE_CONFIG, environment), then the flags
     settings = Settings.load(args.config, db=args.db)

@@ -124,8 +124,8 @@ def _describe_settings_error(exc: SettingsError) -> str:
 
 def parse_assignments(assignments: Iterable[str], *, section: str | None = None) -> dict[str, Any]:
     """`["n_depth=2", "drift.primer_folds=3"]` -> dotted updates for `Settings.with_updates`.
-    Values are parsed as YAML scalars (2 -> int, true -> bool, 0.5 -> float, text -> str); keys
-    without a dot are placed under `section` when given."""
+    Values are read for their field's type (`parse_value`: text as written, numbers and booleans as
+    YAML scalars); keys without a dot are placed under `section` when given."""
     updates: dict[str, Any] = {}
     for item in assignments:
         key, sep, raw = item.partition("=")

@@ -70,4 +70,3 @@ class BoundedStream:
     async def aclose(self) -> None:
         if self._gen is not None:
             await self._gen.aclose()  # type: ignore[attr-defined]
-

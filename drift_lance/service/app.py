@@ -28,9 +28,9 @@ from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
 from drift_lance.models.base import ModelError
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, error_responses, install_error_handlers
-from drift_lance.store import Manifest
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
+from drift_lance.store import Manifest
 
 log = logging.getLogger("drift_lance.service")
 
