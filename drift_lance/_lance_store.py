@@ -3,7 +3,8 @@
 Every table is opened at the version the newest manifest pins, so an ingest that is still running
 (or was killed) is invisible. Vector search uses the table's ANN index when ingest built one;
 otherwise an exact path: the (small) table's vectors are loaded once into a float32 matrix and
-scored with one matrix-vector product, which is far faster than LanceDB's flat scan.
+scored in memory (`drift_lance._exact`: a matrix product, or for a large one an int8 screening pass
+first, with the same results), which is far faster than LanceDB's flat scan.
 
 On object storage every LanceDB read is a request, so hot data is kept in memory, each cache bounded
 in bytes (`StoreConfig`): the exact-search matrices, the rows of small tables (key lookups then need no
@@ -19,7 +20,6 @@ import logging
 import math
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,8 @@ import polars as pl
 import pyarrow as pa
 
 from drift_lance import schema
-from drift_lance._blas import similarity_scores
 from drift_lance._cache import BoundedCache
+from drift_lance._exact import ExactMatrix
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config.ingest import SearchTuning, StoreConfig
 from drift_lance.errors import StoreError
@@ -49,20 +49,6 @@ __all__ = ["LanceStore", "ann_query", "list_table_names", "open_store", "read_ma
 log = logging.getLogger(__name__)
 
 SIMILARITY = "_similarity"
-
-
-@dataclass(frozen=True, slots=True)
-class _ExactIndex:
-    """A small table's vectors as one matrix, for exact cosine search. Stored transposed, one
-    column per row: `query @ columns` is 10% (1536-d) to 30% (384-d) faster than `rows @ query`
-    on the same data (measured with numpy's OpenBLAS), for one query or a batch."""
-
-    columns: np.ndarray  # (dim, rows) float32, unit vectors as columns, in row-id order
-    row_ids: np.ndarray  # uint64 LanceDB row ids, ascending; column i has row_ids[i]
-
-    @property
-    def nbytes(self) -> int:
-        return self.columns.nbytes + self.row_ids.nbytes
 
 
 def sql_literal(value: Any) -> str:
@@ -131,7 +117,7 @@ class LanceStore:
         # loops in its life (asyncio.run per call, a thread per loop).
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
         self._closed = False
-        self.vector_cache = BoundedCache(config.vector_cache_bytes)  # (table, version) -> _ExactIndex
+        self.vector_cache = BoundedCache(config.vector_cache_bytes)  # (table, version) -> ExactMatrix
         self.table_cache = BoundedCache(config.table_cache_bytes)  # (table, version) -> pl.DataFrame
         self._not_cached: set[str] = set()  # tables too large for the table cache
         self._local = is_local_uri(uri)
@@ -221,8 +207,8 @@ class LanceStore:
         return self._matrix_bytes(table) <= self.vector_cache.max_bytes // 2
 
     def _matrix_bytes(self, table: str) -> int:
-        """Memory of the table's exact-search matrix: float32 vectors plus a uint64 row id each."""
-        return self.manifest.tables[table].rows * (self.dimension(table) * 4 + 8)
+        """Memory of the table's exact-search matrix (see ExactMatrix.estimated_bytes)."""
+        return ExactMatrix.estimated_bytes(self.manifest.tables[table].rows, self.dimension(table))
 
     def _query_vector(self, table: str, vector: np.ndarray) -> np.ndarray:
         dim = self.dimension(table)
@@ -276,21 +262,14 @@ class LanceStore:
         exact = await self._exact_index(table)
         if exact is None:  # matrix over the vector cache bound: let LanceDB scan, keep nothing
             return await self._search_lance(table, queries, k, columns, where)
-        n = exact.columns.shape[1]
         excluded = None if not where else ~(await self._matching_rows(table, where, exact.row_ids))
-        if excluded is not None:
-            n -= int(excluded.sum())
-        if n == 0:
+        tops, scores = exact.top_k(queries, k, excluded)  # one screening or product for the whole batch
+        if tops.shape[1] == 0:
             empty = await self._empty(table, columns, with_similarity=True)
             return [empty for _ in queries]
-        # One row of scores per query: one matrix product for the whole batch.
-        scores = similarity_scores(queries, exact.columns)
-        if excluded is not None:
-            scores[:, excluded] = -np.inf  # never among the top min(k, n) of the n matching rows
-        tops = np.stack([_top_k_stable(row, min(k, n)) for row in scores])  # (queries, min(k, n))
         # One row read for the whole batch, then a zero-copy slice per query.
         rows = await self._rows_by_id(table, exact.row_ids, tops.ravel(), columns)
-        similarity = np.take_along_axis(scores, tops, axis=1).ravel().astype(np.float64)
+        similarity = scores.ravel().astype(np.float64)
         frame = rows.hstack([pl.Series(SIMILARITY, similarity)])
         if len(tops) == 1:
             return [frame]
@@ -330,7 +309,7 @@ class LanceStore:
         assert isinstance(frame, pl.DataFrame)
         return frame
 
-    async def _exact_index(self, table: str) -> _ExactIndex | None:
+    async def _exact_index(self, table: str) -> ExactMatrix | None:
         """The table's vectors as a matrix (cached), or None when it would not fit the cache bound."""
         key = (table, self.manifest.tables[table].version)
         cached = self.vector_cache.get(key)
@@ -555,20 +534,7 @@ _QUERY_INDEX = "query_index"  # LanceDB's column naming the query vector of each
 _POSITIONS_BYTES_PER_ROW = 200  # a key-positions dict entry: key object, list, int, hash slot
 
 
-def _top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k best scores, best first; equal scores keep table order."""
-    if k < scores.shape[0]:
-        # argpartition picks an arbitrary subset among ties at the cut: take everything >= the
-        # k-th score, then sort stably so the lowest offsets win.
-        kth = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
-        candidates = np.flatnonzero(scores >= kth)
-    else:
-        candidates = np.arange(scores.shape[0])
-    order = np.lexsort((candidates, -scores[candidates]))
-    return candidates[order][:k]
-
-
-def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str) -> _ExactIndex:
+def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str) -> ExactMatrix:
     """The vector column as a float32 matrix in row-id (= table) order, with the row ids."""
     column = arrow.column(schema.VECTOR).combine_chunks()
     if not pa.types.is_fixed_size_list(column.type):
@@ -580,7 +546,7 @@ def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str) -> _ExactInde
     order = np.argsort(row_ids, kind="stable")
     if not np.array_equal(order, np.arange(len(order))):  # scans usually come back in row-id order
         matrix, row_ids = matrix[order], row_ids[order]
-    return _ExactIndex(np.ascontiguousarray(matrix.T), row_ids)
+    return ExactMatrix.build(matrix, row_ids)
 
 
 async def open_store(

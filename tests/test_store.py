@@ -10,7 +10,10 @@ import polars as pl
 import pytest
 
 import ingest
-from drift_lance._lance_store import _top_k_stable, open_store, sql_literal
+from drift_lance import _exact
+from drift_lance._exact import ExactMatrix
+from drift_lance._exact import top_k_stable as _top_k_stable
+from drift_lance._lance_store import open_store, sql_literal
 from drift_lance.config.ingest import IngestConfig, StoreConfig
 from drift_lance.errors import StoreError
 from drift_lance.testing import HashEmbedder
@@ -29,7 +32,15 @@ async def test_open_store_without_complete_ingest(tmp_path):
         await open_store(str(tmp_path / "db"))
 
 
-async def test_exact_search_matches_brute_force(dulce_store):
+@pytest.fixture(params=["float32 scan", "int8 screening"])
+def exact_path(request, monkeypatch):
+    """Runs a test on both exact-search paths: dulce's tables are far under the screening size."""
+    if request.param == "int8 screening":
+        monkeypatch.setattr(_exact, "SCREEN_MIN_VALUES", 0)
+    return request.param
+
+
+async def test_exact_search_matches_brute_force(dulce_store, exact_path):
     everything = await dulce_store.scan("entities", columns=["id", "vector"])
     matrix = np.stack(everything["vector"].to_numpy())
     rng = np.random.default_rng(0)
@@ -43,7 +54,7 @@ async def test_exact_search_matches_brute_force(dulce_store):
         np.testing.assert_allclose(found["_similarity"].to_numpy(), expected[best], atol=1e-5)
 
 
-async def test_a_filtered_exact_search_ranks_only_the_matching_rows(dulce_store):
+async def test_a_filtered_exact_search_ranks_only_the_matching_rows(dulce_store, exact_path):
     everything = await dulce_store.scan("community_reports", columns=["id", "level", "vector"])
     matrix = np.stack(everything["vector"].to_numpy())
     matching = everything["level"].to_numpy() == 0
@@ -69,7 +80,7 @@ async def test_search_returns_all_columns_best_first(dulce_store):
     assert {"full_content", "rank", "vector"} <= set(found.columns)
 
 
-async def test_search_many_matches_one_search_per_query(dulce_store):
+async def test_search_many_matches_one_search_per_query(dulce_store, exact_path):
     """DRIFT maps a whole epoch of follow-ups with one batched search: each result must be what
     a single search for that vector returns (same rows, order and similarities)."""
     queries = np.random.default_rng(3).standard_normal((6, 3072)).astype(np.float32)
@@ -186,6 +197,73 @@ async def test_unknown_table_is_a_store_error(dulce_store):
         await dulce_store.scan("claims")
 
 
+def _rows_scoring(query: np.ndarray, scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Unit rows whose cosine with the unit `query` is exactly `scores` (up to float32 rounding)."""
+    noise = rng.standard_normal((len(scores), query.shape[0]))
+    noise -= np.outer(noise @ query, query)  # orthogonal to the query
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    rows = scores[:, None] * query[None, :] + np.sqrt(1 - scores**2)[:, None] * noise
+    return rows.astype(np.float32)
+
+
+def test_int8_screening_returns_the_exact_top_k_among_near_ties():
+    """Rows whose similarities differ by 1e-5, far under the int8 codes' error (~1e-2): the codes
+    alone would rank them in the wrong order, the screened search must still return the float32
+    order, with equal rows in table order, under a filter, and for k over the matching rows."""
+    rng = np.random.default_rng(21)
+    dim = 512
+    query = rng.standard_normal(dim)
+    query /= np.linalg.norm(query)
+    near = _rows_scoring(query, 0.9 - 1e-5 * np.arange(400), rng)  # row i: the i-th best
+    far = _rows_scoring(query, rng.uniform(-0.5, 0.8, 20_000), rng)
+    rows = np.concatenate([near, near[:5], far])  # rows 400-404 repeat the 5 best
+    order = rng.permutation(len(rows))
+    rows, rank = rows[order], np.argsort(order)  # rank[i]: where row i went
+    row_ids = np.arange(len(rows), dtype=np.uint64)
+    screened = ExactMatrix.build(rows, row_ids)
+    assert screened.codes is not None and screened.columns is None
+    queries = np.stack([query, rows[rank[700]], rng.standard_normal(dim)]).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    excluded = np.zeros(len(rows), dtype=bool)
+    excluded[rank[[1, 3, 401]]] = True
+    for mask in (None, excluded):
+        for k in (1, 10, 100):
+            for q in queries:
+                expected = rows @ q
+                if mask is not None:
+                    expected[mask] = -np.inf
+                tops, similarities = screened.top_k(q[None, :], k, mask)
+                assert tops[0].tolist() == _top_k_stable(expected, k).tolist()
+                np.testing.assert_allclose(similarities[0], expected[tops[0]], atol=1e-6)
+    # the 5 best repeated: each pair of equal rows in table order
+    tops, _ = screened.top_k(queries[:1], 10)
+    pairs = [sorted([rank[i], rank[400 + i]]) for i in range(5)]
+    assert tops[0].tolist() == [p for pair in pairs for p in pair]
+    few = np.ones(len(rows), dtype=bool)
+    few[rank[[5, 0, 9]]] = False
+    assert screened.top_k(queries[:1], 10, few)[0][0].tolist() == rank[[0, 5, 9]].tolist()
+    assert screened.top_k(queries[:1], 10, np.ones(len(rows), dtype=bool))[0].shape == (1, 0)
+
+
+def test_int8_screening_is_used_for_large_single_queries_only():
+    """A matrix of 32 MB of float32 or more is screened for a single query; a batch is scored with
+    one float32 product over the same row-major matrix, with the same results."""
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((_exact.SCREEN_MIN_VALUES // 1024 + 1, 1024)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    matrix = ExactMatrix.build(rows, np.arange(len(rows), dtype=np.uint64))
+    assert matrix.codes is not None and matrix.nbytes == ExactMatrix.estimated_bytes(*rows.shape)
+    small = ExactMatrix.build(rows[:1000], np.arange(1000, dtype=np.uint64))
+    assert small.codes is None and small.nbytes == ExactMatrix.estimated_bytes(1000, 1024)
+    queries = rng.standard_normal((3, 1024)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    batch, batch_scores = matrix.top_k(queries, 10)
+    for q, tops, scores in zip(queries, batch, batch_scores):
+        single, single_scores = matrix.top_k(q[None, :], 10)
+        assert single[0].tolist() == tops.tolist() == _top_k_stable(rows @ q, 10).tolist()
+        np.testing.assert_allclose(single_scores[0], scores, atol=1e-6)
+
+
 def test_ties_keep_table_order():
     scores = np.array([0.5, 0.9, 0.9, 0.1, 0.9, 0.5], dtype=np.float32)
     assert _top_k_stable(scores, 2).tolist() == [1, 2]
@@ -193,7 +271,7 @@ def test_ties_keep_table_order():
     assert _top_k_stable(scores, 10).tolist() == [1, 2, 4, 0, 5, 3]
 
 
-async def test_exact_search_ties_are_stable_end_to_end(dulce_dir, tmp_path):
+async def test_exact_search_ties_are_stable_end_to_end(dulce_dir, tmp_path, exact_path):
     """Identical texts get identical vectors; equal similarities come back in table order."""
     uri = str(tmp_path / "db")
     await ingest.run_ingest(dulce_dir, uri, embedder=_ConstantEmbedder(), reembed=True, progress=False)

@@ -1,0 +1,169 @@
+"""Exact top-k cosine search over a table's vectors held in memory.
+
+A float32 scan of 10^4 x 1536 vectors reads 61 MB per query and is bound by memory bandwidth
+(~0.9-1.4 ms). Large matrices are therefore screened first with int8 codes (a quarter of the bytes;
+SimSIMD's integer dot product, ~0.4-0.7 ms), and only rows that could still be in the top k are
+scored in float32. The result is exact, not approximate: every row's screening error is bounded,
+
+    |q.v - q'.v'| <= |q| |v - v'| + |q - q'| |v'|,
+
+where v' and q' are the dequantized codes; |v - v'| and |v'| are kept per row, |q - q'| is computed
+per query. Score the k best rows by code in float32; the smallest of those scores is a floor the
+true k-th score cannot be under. A row whose screened score plus its bound stays under the floor
+cannot be in the top k; every other row is scored in float32 and the top k of those are returned,
+ties in table order, as the plain product would.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from drift_lance._blas import similarity_scores
+
+__all__ = ["ExactMatrix", "top_k_stable"]
+
+# Below this many values (rows x dim, 32 MB of float32) the matrix is scanned as is: screening pays
+# for its fixed per-query steps only once the float32 scan is bound by memory bandwidth. Measured
+# per query, screened against plain: 10^4 x 384 0.19 / 0.14 ms, 10^4 x 768 0.43 / 0.47, 10^4 x 1536
+# 0.76 / 0.93, 2 x 10^4 x 3072 3.2 / 4.7 (AMD EPYC, 32 MB L3).
+SCREEN_MIN_VALUES = 8_000_000
+# Larger batches are scored with one float32 product (20 x 10^4 x 1536: 9 ms, screened 11.6 ms).
+SCREEN_MAX_QUERIES = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ExactMatrix:
+    """A table's unit vectors in row-id order, with what exact search needs of them: the float32
+    matrix transposed (one column per row) when it is scanned as is, or row-major with int8 codes
+    when it is screened."""
+
+    row_ids: np.ndarray  # uint64 LanceDB row ids, ascending; row i of the matrix has row_ids[i]
+    columns: np.ndarray | None = None  # (dim, rows) float32: unscreened
+    vectors: np.ndarray | None = None  # (rows, dim) float32: screened
+    codes: np.ndarray | None = None  # (rows, dim) int8, vectors ~ codes * scales[:, None]
+    scales: np.ndarray | None = None  # (rows,) float64
+    residual_norms: np.ndarray | None = None  # (rows,) |v - v'|, rounded up
+    code_norms: np.ndarray | None = None  # (rows,) |v'|, rounded up
+
+    @classmethod
+    def build(cls, matrix: np.ndarray, row_ids: np.ndarray) -> ExactMatrix:
+        """`matrix`: (rows, dim) float32 unit vectors in the order of `row_ids`."""
+        if matrix.size < SCREEN_MIN_VALUES or _int8_dots() is None:
+            # `query @ columns` is 10% (1536-d) to 30% (384-d) faster than `rows @ query` (OpenBLAS)
+            return cls(row_ids=row_ids, columns=np.ascontiguousarray(matrix.T))
+        vectors = np.ascontiguousarray(matrix, dtype=np.float32)
+        codes = np.empty(vectors.shape, dtype=np.int8)
+        scales, residual, norms = (np.empty(len(vectors)) for _ in range(3))
+        for start in range(0, len(vectors), 1024):  # temporaries a block at a time, not matrix-sized
+            block = slice(start, start + 1024)
+            codes[block], scales[block] = _quantize(vectors[block])
+            decoded = codes[block].astype(np.float64) * scales[block, None]
+            norms[block] = np.linalg.norm(decoded, axis=1)
+            residual[block] = np.linalg.norm(vectors[block] - decoded, axis=1)
+        up = 1.0 + 1e-9  # the norms are float64 sums: round them up, never down
+        return cls(row_ids=row_ids, vectors=vectors, codes=codes, scales=scales,
+                   residual_norms=residual * up, code_norms=norms * up)
+
+    @staticmethod
+    def estimated_bytes(rows: int, dim: int) -> int:
+        """What `build` will hold for `rows` x `dim` vectors: float32 values and a uint64 row id
+        each, plus int8 codes and three float64s per row when screened."""
+        plain = rows * (dim * 4 + 8)
+        return plain if rows * dim < SCREEN_MIN_VALUES or _int8_dots() is None else plain + rows * (dim + 24)
+
+    @property
+    def rows(self) -> int:
+        return len(self.row_ids)
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.row_ids, self.columns, self.vectors, self.codes, self.scales, self.residual_norms, self.code_norms)
+        return sum(part.nbytes for part in parts if part is not None)
+
+    def top_k(self, queries: np.ndarray, k: int, excluded: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Positions (queries, k') of each query's k best rows, best first, and their float32
+        cosine similarities; k' = min(k, rows not excluded). `queries` are unit vectors."""
+        matching = self.rows - (int(excluded.sum()) if excluded is not None else 0)
+        k = min(k, matching)
+        if k <= 0:
+            return np.empty((len(queries), 0), dtype=np.int64), np.empty((len(queries), 0), dtype=np.float32)
+        if self.codes is not None and len(queries) <= SCREEN_MAX_QUERIES:
+            return self._screened_top_k(queries, k, excluded)
+        # one float32 product for the batch: blocked BLAS beats per-query screening from 2 queries
+        scores = similarity_scores(queries, self.columns if self.columns is not None else self.vectors.T)
+        if excluded is not None:
+            scores[:, excluded] = -np.inf  # never among the top min(k, n) of the n matching rows
+        tops = np.stack([top_k_stable(row, k) for row in scores])
+        return tops, np.take_along_axis(scores, tops, axis=1)
+
+    def _screened_top_k(self, queries: np.ndarray, k: int, excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        assert self.vectors is not None and self.codes is not None and self.scales is not None
+        assert self.residual_norms is not None and self.code_norms is not None
+        query_codes, query_scales = _quantize(queries)
+        query_errors = np.linalg.norm(queries - query_codes.astype(np.float64) * query_scales[:, None], axis=1)
+        screened = self._int8_products(query_codes)
+        screened *= query_scales[:, None]
+        screened *= self.scales[None, :]
+        if excluded is not None:
+            screened[:, excluded] = -np.inf
+        query_norms = np.linalg.norm(queries.astype(np.float64), axis=1)
+        # float32 rounding of a computed score: at most ~dim * 2^-24 * |q| |v| in any summation order
+        slack = 2.0 * queries.shape[1] * 2.0**-24
+        positions, similarities = [], []
+        for query, scores, query_norm, query_error in zip(queries, screened, query_norms, query_errors, strict=True):
+            best_by_code = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.flatnonzero(scores > -np.inf)
+            floor = float(np.min(self.vectors[best_by_code] @ query))
+            # every row that could score at or over the floor (ascending positions: ties keep table order)
+            ceiling = scores + (query_norm * self.residual_norms + query_error * self.code_norms + slack)
+            candidates = np.flatnonzero(ceiling >= floor)
+            exact = self.vectors[candidates] @ query
+            top = top_k_stable(exact, k)
+            positions.append(candidates[top])
+            similarities.append(exact[top])
+        return np.stack(positions), np.stack(similarities)
+
+    def _int8_products(self, query_codes: np.ndarray) -> np.ndarray:
+        """(queries, rows) float64 integer dot products of the query codes with every row's codes.
+        On the calling thread: handing half to a worker measured slower for one query (0.73 vs 0.66
+        ms at 10^4 x 1536), its wake-up costing more than it saves."""
+        assert self.codes is not None
+        return np.asarray(_int8_dots()(query_codes, self.codes))
+
+
+def top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k best scores, best first; equal scores keep table order."""
+    if k < scores.shape[0]:
+        # argpartition picks an arbitrary subset among ties at the cut: take everything >= the
+        # k-th score, then sort stably so the lowest offsets win.
+        kth = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
+        candidates = np.flatnonzero(scores >= kth)
+    else:
+        candidates = np.arange(scores.shape[0])
+    order = np.lexsort((candidates, -scores[candidates]))
+    return candidates[order][:k]
+
+
+def _quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 codes per row: row ~ codes * scale, scale = max |value| / 127."""
+    peaks = np.max(np.abs(vectors), axis=1).astype(np.float64)
+    scales = np.where(peaks > 0, peaks / 127.0, 1.0)
+    codes = np.rint(vectors / scales[:, None].astype(np.float32)).clip(-127, 127).astype(np.int8)
+    return codes, scales
+
+
+@functools.cache
+def _int8_dots() -> Any:
+    """SimSIMD's int8 inner products (exact integers, as float64), or None without SimSIMD."""
+    try:
+        import simsimd
+    except ImportError:  # pragma: no cover - a core dependency; the float32 scan still answers
+        return None
+
+    def dots(queries: np.ndarray, codes: np.ndarray) -> Any:
+        return simsimd.cdist(queries, codes, metric="dot", threads=1)
+
+    return dots
