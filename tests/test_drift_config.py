@@ -47,6 +47,14 @@ def test_impossible_values_are_rejected_naming_the_field(field, value):
         DRIFTSearchConfig(**{field: value})
 
 
+@pytest.mark.parametrize("field", ["local_search_temperature", "reduce_temperature", "local_search_top_p", "llm_timeout"])
+def test_nan_and_infinity_are_not_numbers_here(field):
+    """NaN passes a `<= 2` check nowhere and inf would mean no bound: both are refused as what they are."""
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(ValidationError, match=rf"{field}\n  Input should be a finite number"):
+            DRIFTSearchConfig(**{field: value})
+
+
 def test_props_must_fit_in_one_budget():
     with pytest.raises(ValidationError, match="local_search_text_unit_prop \\+ local_search_community_prop"):
         DRIFTSearchConfig(local_search_text_unit_prop=0.8, local_search_community_prop=0.5)

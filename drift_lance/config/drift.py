@@ -38,7 +38,7 @@ class DRIFTSearchConfig(BaseModel):
     """Every field of graphrag's DRIFTSearchConfig (same names, same defaults) plus drift-lance
     extensions at the end. Token budgets count tokens with the query tokenizer."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True, frozen=False)
 
     # --- prompts (paths to text files; None = the bundled prompts/drift_*.txt) ---
     prompt: str | None = Field(None, description="Local follow-up prompt file ({global_query}, {followups}, {context_data}, {response_type}).")

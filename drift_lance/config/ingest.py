@@ -29,7 +29,7 @@ ProbeSource = Literal["nprobes", "calibrated", "nprobes_fraction", "min_nprobes"
 class VectorIndexConfig(BaseModel):
     """How the ANN index of a vector column is built."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: VectorIndexType = "IVF_RQ"
     # IVF partitions; None = round(sqrt(rows) / 2) for IVF_RQ, round(sqrt(rows)) for IVF_FLAT / IVF_PQ, max(1, rows // 100_000)
@@ -47,7 +47,7 @@ class VectorIndexConfig(BaseModel):
 class SearchTuning(BaseModel):
     """Read-side ANN parameters (the store uses these for tables that have an ANN index)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     def probing_for(self, info: TableInfo) -> tuple[int, ProbeSource]:
         """Partitions to probe for the ANN index of the table `info` describes, and which setting
@@ -88,7 +88,7 @@ class SearchTuning(BaseModel):
 class StoreConfig(BaseModel):
     """How `open_store` reads an ingested index."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     search: SearchTuning = Field(default_factory=SearchTuning)
     # `fetch()` splits long key lists into IN (...) filters of this many values.
@@ -119,7 +119,7 @@ class StoreConfig(BaseModel):
 class IngestConfig(BaseModel):
     """Settings of `ingest.run_ingest` / `drift-lance ingest`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # A table gets an ANN index once it has at least this many rows; below, exact search answers.
     # 20k, not 10k: at 10^4 x 1536 the exact numpy path (3.3 ms p50) beat the ANN index (8.0 ms).

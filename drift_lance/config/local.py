@@ -17,7 +17,7 @@ __all__ = ["LocalSearchConfig"]
 class LocalSearchConfig(BaseModel):
     """Every knob of a local search. Token budgets use `encoding` (o200k_base, like graphrag 3.x)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True, populate_by_name=True)
 
     # --- graphrag's local_search settings ---
     prompt: str | None = Field(None, description="System prompt file ({context_data}, {response_type}); None = bundled.")

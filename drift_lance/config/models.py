@@ -40,7 +40,8 @@ class ModelSettings(BaseSettings):
     `resolve()` from the environment (see module docstring)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="DRIFT_LANCE_", extra="ignore", validate_assignment=True, populate_by_name=True
+        env_prefix="DRIFT_LANCE_", extra="ignore", validate_assignment=True, populate_by_name=True,
+        allow_inf_nan=False,
     )
 
     # -- chat

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 class RequestCaps(BaseModel):
     """Upper bounds on per-request search overrides. A request above a cap gets 422 naming the field."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     n_depth: int = Field(3, ge=0, description="max DRIFT follow-up depth a request may ask for")
     drift_k_followups: int = Field(20, ge=1, description="max communities the primer may use")
@@ -44,7 +44,7 @@ class RequestCaps(BaseModel):
 class ServiceConfig(BaseModel):
     """`drift-lance serve` settings. Env: DRIFT_LANCE_SERVICE__<FIELD>, and DRIFT_LANCE_API_KEY."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
