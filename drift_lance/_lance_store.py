@@ -204,11 +204,17 @@ class LanceStore:
         instead. On local disk the OS page cache makes the index cheap, and it is used as built."""
         if self._local or not self.config.exact_in_memory_on_object_storage:
             return False
-        return self._matrix_bytes(table) <= self.vector_cache.max_bytes // 2
+        return self._matrix_bytes(table) <= self._matrix_budget(table)
 
-    def _matrix_bytes(self, table: str) -> int:
+    def _matrix_bytes(self, table: str, *, screened: bool = False) -> int:
         """Memory of the table's exact-search matrix (see ExactMatrix.estimated_bytes)."""
-        return ExactMatrix.estimated_bytes(self.manifest.tables[table].rows, self.dimension(table))
+        return ExactMatrix.estimated_bytes(self.manifest.tables[table].rows, self.dimension(table), screened=screened)
+
+    def _matrix_budget(self, table: str) -> int:
+        """The most the table's exact-search matrix may hold: the vector cache, or half of it for an
+        indexed table searched in memory on object storage."""
+        max_bytes = self.vector_cache.max_bytes
+        return max_bytes // 2 if self.manifest.tables[table].vector_index else max_bytes
 
     def _query_vector(self, table: str, vector: np.ndarray) -> np.ndarray:
         dim = self.dimension(table)
@@ -315,7 +321,7 @@ class LanceStore:
         cached = self.vector_cache.get(key)
         if cached is not None:
             return cached
-        if self._matrix_bytes(table) > self.vector_cache.max_bytes:
+        if self._matrix_bytes(table) > self._matrix_budget(table):
             return None
         lock = self._lock(f"exact:{table}")
         async with lock:
@@ -323,7 +329,9 @@ class LanceStore:
             if cached is None:
                 handle = await self._table(table)
                 arrow = await handle.query().select([schema.VECTOR]).with_row_id().to_arrow()
-                cached = _exact_index_from_arrow(arrow, self.uri, table)
+                # screening codes only where they fit too: the plain matrix is worth more than no matrix
+                screen = self._matrix_bytes(table, screened=True) <= self._matrix_budget(table)
+                cached = _exact_index_from_arrow(arrow, self.uri, table, screen=screen)
                 self.vector_cache.put(key, cached, cached.nbytes)
             return cached
 
@@ -534,7 +542,7 @@ _QUERY_INDEX = "query_index"  # LanceDB's column naming the query vector of each
 _POSITIONS_BYTES_PER_ROW = 200  # a key-positions dict entry: key object, list, int, hash slot
 
 
-def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str) -> ExactMatrix:
+def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str, *, screen: bool = True) -> ExactMatrix:
     """The vector column as a float32 matrix in row-id (= table) order, with the row ids."""
     column = arrow.column(schema.VECTOR).combine_chunks()
     if not pa.types.is_fixed_size_list(column.type):
@@ -546,7 +554,7 @@ def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str) -> ExactMatri
     order = np.argsort(row_ids, kind="stable")
     if not np.array_equal(order, np.arange(len(order))):  # scans usually come back in row-id order
         matrix, row_ids = matrix[order], row_ids[order]
-    return ExactMatrix.build(matrix, row_ids)
+    return ExactMatrix.build(matrix, row_ids, screen=screen)
 
 
 async def open_store(

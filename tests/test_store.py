@@ -264,6 +264,25 @@ def test_int8_screening_is_used_for_large_single_queries_only():
         np.testing.assert_allclose(single_scores[0], scores, atol=1e-6)
 
 
+@pytest.mark.parametrize(("cache_bytes", "screened"), [(500_000, False), (700_000, True)])
+async def test_screening_codes_are_kept_only_where_they_fit_the_vector_cache(dulce_db_uri, monkeypatch, cache_bytes, screened):
+    """dulce's 39 x 3072 entity matrix is 480 KB, 600 KB with int8 codes: a cache that holds the
+    matrix but not the codes still gets exact search from memory, without screening."""
+    monkeypatch.setattr(_exact, "SCREEN_MIN_VALUES", 0)
+    store = await open_store(dulce_db_uri, config=StoreConfig(vector_cache_bytes=cache_bytes))
+    try:
+        query = np.random.default_rng(8).standard_normal(3072).astype(np.float32)
+        found = await store.search("entities", query, 5, columns=["id"])
+        exact = await store._exact_index("entities")
+        assert exact is not None and (exact.codes is not None) is screened
+        assert exact.nbytes == ExactMatrix.estimated_bytes(39, 3072, screened=screened)
+        everything = await store.scan("entities", columns=["id", "vector"])
+        expected = np.stack(everything["vector"].to_numpy()) @ (query / np.linalg.norm(query))
+        assert found["id"].to_list() == everything["id"].gather(_top_k_stable(expected, 5)).to_list()
+    finally:
+        await store.close()
+
+
 def test_ties_keep_table_order():
     scores = np.array([0.5, 0.9, 0.9, 0.1, 0.9, 0.5], dtype=np.float32)
     assert _top_k_stable(scores, 2).tolist() == [1, 2]
