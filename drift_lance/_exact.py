@@ -11,7 +11,9 @@ where v' and q' are the dequantized codes; |v - v'| and |v'| are kept per row, |
 per query. Score the k best rows by code in float32; the smallest of those scores is a floor the
 true k-th score cannot be under. A row whose screened score plus its bound stays under the floor
 cannot be in the top k; every other row is scored in float32 and the top k of those are returned,
-ties in table order, as the plain product would.
+ties in table order. Candidates are scored row by row (`_row_scores`), so equal rows get equal
+scores wherever they sit; a batch of queries picks its candidates with one float32 product instead
+of screening and scores them the same way, so a query gets the same answer alone or in a batch.
 """
 
 from __future__ import annotations
@@ -92,17 +94,30 @@ class ExactMatrix:
         k = min(k, matching)
         if k <= 0:
             return np.empty((len(queries), 0), dtype=np.int64), np.empty((len(queries), 0), dtype=np.float32)
-        if self.codes is not None and len(queries) <= SCREEN_MAX_QUERIES:
-            return self._screened_top_k(queries, k, excluded)
-        # one float32 product for the batch: blocked BLAS beats per-query screening from 2 queries
-        scores = similarity_scores(queries, self.columns if self.columns is not None else self.vectors.T)
-        if excluded is not None:
-            scores[:, excluded] = -np.inf  # never among the top min(k, n) of the n matching rows
-        tops = np.stack([top_k_stable(row, k) for row in scores])
-        return tops, np.take_along_axis(scores, tops, axis=1)
+        if self.codes is None:
+            scores = similarity_scores(queries, self.columns)
+            if excluded is not None:
+                scores[:, excluded] = -np.inf  # never among the top min(k, n) of the n matching rows
+            tops = np.stack([top_k_stable(row, k) for row in scores])
+            return tops, np.take_along_axis(scores, tops, axis=1)
+        # Rows that can make the top k, then their scores row by row: `_row_scores` rounds a row
+        # the same wherever it sits among the candidates, so equal rows tie (BLAS's gemv does not).
+        if len(queries) <= SCREEN_MAX_QUERIES:
+            candidates = self._screen(queries, k, excluded)
+        else:  # one blocked float32 product for a batch beats screening each query
+            candidates = self._candidates_by_product(queries, k, excluded)
+        positions, similarities = [], []
+        for query, rows in zip(queries, candidates, strict=True):
+            exact = _row_scores(self.vectors[rows], query)
+            top = top_k_stable(exact, k)
+            positions.append(rows[top])
+            similarities.append(exact[top])
+        return np.stack(positions), np.stack(similarities)
 
-    def _screened_top_k(self, queries: np.ndarray, k: int, excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        assert self.vectors is not None and self.codes is not None and self.scales is not None
+    def _screen(self, queries: np.ndarray, k: int, excluded: np.ndarray | None) -> list[np.ndarray]:
+        """Per query, ascending positions of every row whose int8-screened score plus its error
+        bound reaches the k-th best score among the k best rows by code."""
+        assert self.vectors is not None and self.scales is not None
         assert self.residual_norms is not None and self.code_norms is not None
         query_codes, query_scales = _quantize(queries)
         query_errors = np.linalg.norm(queries - query_codes.astype(np.float64) * query_scales[:, None], axis=1)
@@ -112,20 +127,25 @@ class ExactMatrix:
         if excluded is not None:
             screened[:, excluded] = -np.inf
         query_norms = np.linalg.norm(queries.astype(np.float64), axis=1)
-        # float32 rounding of a computed score: at most ~dim * 2^-24 * |q| |v| in any summation order
-        slack = 2.0 * queries.shape[1] * 2.0**-24
-        positions, similarities = [], []
+        slack = _rounding_slack(queries.shape[1])
+        candidates = []
         for query, scores, query_norm, query_error in zip(queries, screened, query_norms, query_errors, strict=True):
             best_by_code = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.flatnonzero(scores > -np.inf)
-            floor = float(np.min(self.vectors[best_by_code] @ query))
-            # every row that could score at or over the floor (ascending positions: ties keep table order)
+            floor = float(np.min(_row_scores(self.vectors[best_by_code], query)))
             ceiling = scores + (query_norm * self.residual_norms + query_error * self.code_norms + slack)
-            candidates = np.flatnonzero(ceiling >= floor)
-            exact = self.vectors[candidates] @ query
-            top = top_k_stable(exact, k)
-            positions.append(candidates[top])
-            similarities.append(exact[top])
-        return np.stack(positions), np.stack(similarities)
+            candidates.append(np.flatnonzero(ceiling >= floor))
+        return candidates
+
+    def _candidates_by_product(self, queries: np.ndarray, k: int, excluded: np.ndarray | None) -> list[np.ndarray]:
+        """Per query, ascending positions of every row whose float32 product score is within
+        rounding of the k-th best (the product and `_row_scores` may round a row differently)."""
+        assert self.vectors is not None
+        scores = similarity_scores(queries, self.vectors.T)
+        if excluded is not None:
+            scores[:, excluded] = -np.inf
+        slack = _rounding_slack(queries.shape[1])
+        cut = scores.shape[1] - k
+        return [np.flatnonzero(row >= np.partition(row, cut)[cut] - slack) for row in scores]
 
     def _int8_products(self, query_codes: np.ndarray) -> np.ndarray:
         """(queries, rows) float64 integer dot products of the query codes with every row's codes.
@@ -146,6 +166,19 @@ def top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
         candidates = np.arange(scores.shape[0])
     order = np.lexsort((candidates, -scores[candidates]))
     return candidates[order][:k]
+
+
+def _row_scores(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """`rows @ query` in float32, each row summed the same way wherever it sits (numpy's own
+    einsum loop; BLAS gemv rounds a row differently by its position, so equal rows did not tie)."""
+    return np.einsum("ij,j->i", rows, query.astype(rows.dtype, copy=False))
+
+
+def _rounding_slack(dim: int) -> float:
+    """A float32 cosine of unit vectors is within dim * 2^-24 of the true value however it is
+    summed. A row cut by one computation (the product, or the screened ceiling) against scores of
+    another (`_row_scores`) needs up to four times that to keep every row that can make the top k."""
+    return 4.0 * dim * 2.0**-24
 
 
 def _screens(rows: int, dim: int) -> bool:

@@ -549,6 +549,10 @@ def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str, *, screen: bo
         raise StoreError(f"{uri}: table {table!r} column {schema.VECTOR!r} is {column.type}, not a fixed-size list")
     dim = column.type.list_size
     flat = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    if not np.isfinite(flat).all():  # ingest refuses them; a NaN would poison every top k
+        bad = int(np.flatnonzero(~np.isfinite(flat))[0] // dim)
+        raise StoreError(f"{uri}: table {table!r} column {schema.VECTOR!r} has NaN or infinite values "
+                         f"(first at row id {int(arrow.column('_rowid')[bad].as_py())})")
     matrix = flat.reshape(len(column), dim)
     row_ids = arrow.column("_rowid").to_numpy()
     order = np.argsort(row_ids, kind="stable")

@@ -245,6 +245,27 @@ def test_int8_screening_returns_the_exact_top_k_among_near_ties():
     assert screened.top_k(queries[:1], 10, np.ones(len(rows), dtype=bool))[0].shape == (1, 0)
 
 
+def test_equal_rows_tie_in_table_order_alone_and_in_a_batch():
+    """Five equal rows near the query: BLAS's gemv rounded the fifth differently from the others
+    when it sat in the kernel's tail, which put row 4 before row 3."""
+    def unit(x):
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+    dim, n = 1024, 8192
+    assert n * dim >= _exact.SCREEN_MIN_VALUES
+    rows = unit(np.random.default_rng(1).standard_normal((n, dim)))
+    rng = np.random.default_rng(11)
+    query = unit(rng.standard_normal(dim))
+    rows[:5] = unit(query + 0.3 * unit(rng.standard_normal(dim)))
+    matrix = ExactMatrix.build(rows, np.arange(n, dtype=np.uint64))
+    assert matrix.codes is not None
+    for k in (4, 5):
+        alone, alone_scores = matrix.top_k(query[None, :], k)
+        batch, batch_scores = matrix.top_k(np.stack([query, query]), k)
+        assert alone[0].tolist() == batch[0].tolist() == batch[1].tolist() == list(range(k))
+        assert len(set(alone_scores[0].tolist())) == 1 and alone_scores[0].tolist() == batch_scores[0].tolist()
+
+
 def test_int8_screening_is_used_for_large_single_queries_only():
     """A matrix of 32 MB of float32 or more is screened for a single query; a batch is scored with
     one float32 product over the same row-major matrix, with the same results."""
@@ -281,6 +302,21 @@ async def test_screening_codes_are_kept_only_where_they_fit_the_vector_cache(dul
         assert found["id"].to_list() == everything["id"].gather(_top_k_stable(expected, 5)).to_list()
     finally:
         await store.close()
+
+
+def test_a_nan_vector_is_a_store_error_naming_the_table_and_row():
+    """Ingest refuses non-finite vectors; a table written otherwise must not poison every top k
+    (a NaN floor left the screened search with no rows at all)."""
+    import pyarrow as pa
+
+    from drift_lance._lance_store import _exact_index_from_arrow
+
+    vectors = np.eye(4, dtype=np.float32)
+    vectors[2, 1] = np.nan
+    arrow = pa.table({"vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 4),
+                      "_rowid": pa.array([10, 11, 12, 13], type=pa.uint64())})
+    with pytest.raises(StoreError, match=r"db: table 'entities' column 'vector' has NaN or infinite values \(first at row id 12\)"):
+        _exact_index_from_arrow(arrow, "db", "entities")
 
 
 def test_ties_keep_table_order():
