@@ -3,16 +3,19 @@ LanceDB index; only the chat model is scripted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import threading
 import time
 from typing import Any
 
 import httpx
 import pytest
-from fixtures.service import REDUCE_ANSWER, GatedChatModel, make_backend, scripted_drift_model
+from fixtures.service import REDUCE_ANSWER, GatedChatModel, drift_responder, make_backend, scripted_drift_model
 
 from drift_lance.config.settings import Settings
+from drift_lance.drift.action import ActionAnswer
 from drift_lance.service import create_app
 from drift_lance.store import Manifest
 
@@ -140,6 +143,119 @@ def test_readyz_reports_a_backend_that_failed_to_start(tmp_path, live_server, mo
     assert ready.json()["store"] is False
     assert search.status_code == 503 and search.json()["error"]["code"] == "not_ready"
     assert "Retry-After" in search.headers
+
+
+def test_readyz_tells_why_only_to_an_authenticated_caller(tmp_path, live_server, monkeypatch):
+    """Probes stay open, but a failed setup's reason (paths, endpoints) is the operator's."""
+    monkeypatch.setenv("DRIFT_LANCE_API_KEY", "probe-secret")
+    settings = Settings.load(db=str(tmp_path / "never-ingested"))
+    srv = start(live_server, settings, wait_ready=False)
+    with srv.client() as client:
+        anonymous = _wait_settled(client)
+        wrong = client.get("/readyz", headers={"Authorization": "Bearer nope"})
+        operator = client.get("/readyz", headers={"Authorization": "Bearer probe-secret"})
+    assert anonymous.status_code == wrong.status_code == operator.status_code == 503
+    assert anonymous.json() == wrong.json() and anonymous.json()["status"] == "failed" and anonymous.json()["detail"] == ""
+    assert "never-ingested" in operator.json()["detail"]
+
+
+def test_model_request_failures_do_not_show_the_endpoint_or_its_error_body(service_settings, live_server, caplog):
+    """A model's HTTP failure names its endpoint and quotes the upstream body (an API key hint, a
+    proxy's address): the client gets the status, the log the whole text, for the search's error
+    and for each failed follow-up in a DRIFT state."""
+    from drift_lance.models.base import ModelRequestError
+    from drift_lance.testing import ScriptedChatModel
+
+    leak = "chat model 'm' at http://10.1.2.3:8080/v1 failed: HTTP 401: Incorrect API key provided: sk-live-SECRET"
+
+    def answer(messages, params, response_model):
+        if response_model is ActionAnswer:
+            raise ModelRequestError(leak, status=401)
+        return drift_responder(messages, params, response_model)
+
+    srv = start(live_server, service_settings, ScriptedChatModel(lambda *a: ModelRequestError(leak, status=401)))
+    with srv.client() as client, caplog.at_level(logging.WARNING):
+        failed = client.post("/v1/search", json={"query": "q", "method": "local"})
+        with client.stream("POST", "/v1/search/stream", json={"query": "q", "method": "local"}) as r:
+            events = read_sse(r)
+    assert failed.status_code == 502 and _error(failed)["code"] == "model_error"
+    assert _error(failed)["message"] == "the model request failed (HTTP 401); details are in the server log"
+    assert events[-1][0] == "error" and events[-1][1]["error"]["message"] == _error(failed)["message"]
+    assert "sk-live-SECRET" in caplog.text
+    srv = start(live_server, service_settings, ScriptedChatModel(answer))
+    with srv.client() as client:
+        degraded = client.post("/v1/search", json={"query": "q", "method": "drift"})
+    assert degraded.status_code == 200 and "10.1.2.3" not in degraded.text and "SECRET" not in degraded.text
+    errors = [n["metadata"]["error"] for n in degraded.json()["state"]["nodes"] if "error" in n["metadata"]]
+    assert errors and set(errors) == {"ModelRequestError"}
+
+
+def test_slow_senders_lose_their_connection(service_settings, live_server):
+    """Headers trickled a byte at a time, or a body that stops halfway, must not hold a connection
+    (or, hundreds of them, every socket the server has): headers get `request_read_timeout_seconds`
+    from the connection, a body as long from its headers (then 408)."""
+    import socket
+
+    settings = service_settings.with_updates({"service.request_read_timeout_seconds": 0.5})
+    srv = live_server(create_app(settings, backend=make_backend(settings)), settings=settings)
+    port = int(srv.base_url.rsplit(":", 1)[1])
+
+    def connect() -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\n")
+        return sock
+
+    trickle, stalled = connect(), connect()
+    stalled.sendall(b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"query\":")
+    started = time.monotonic()
+    try:
+        closed = False
+        while time.monotonic() - started < 4 and not closed:
+            time.sleep(0.1)
+            try:
+                trickle.sendall(b"X")  # one more header byte: uvicorn's keep-alive timer restarts on each
+                closed = trickle.recv(1, socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed = True
+        assert closed and time.monotonic() - started < 2
+        answer = stalled.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408") and b'"code":"body_timeout"' in answer.replace(b" ", b"")
+    finally:
+        trickle.close()
+        stalled.close()
+    with srv.client() as client:  # a normal client is served as before
+        assert client.post("/v1/search", json={"query": "q", "method": "local"}).status_code == 200
+
+
+async def test_a_stream_whose_client_stopped_reading_releases_its_slot():
+    """Once the socket buffers are full every write waits on the client: the stream is dropped at
+    the search timeout plus a grace, its search cancelled and its slot released."""
+    from drift_lance.service.backend import SearchEvent
+    from drift_lance.service.errors import ApiError
+    from drift_lance.service.sse import SearchEventStream
+
+    finished, searching = asyncio.Event(), asyncio.Event()
+
+    async def run(sink):
+        for i in range(100):
+            sink(SearchEvent("token", {"text": "x" * 1000, "i": i}))
+        searching.set()
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            await asyncio.Event().wait()  # the client's window is shut: never drains
+
+    async def receive():
+        await asyncio.Event().wait()  # nor does it disconnect
+
+    tasks: list[asyncio.Task] = []
+    stream = SearchEventStream(run, timeout=0.3, keepalive=0.1, map_error=lambda e: ApiError(500, "internal", "x"),
+                               on_finish=finished.set, track=tasks.append, stall_grace=0.2)
+    await asyncio.wait_for(stream({"type": "http"}, receive, send), timeout=5)
+    assert finished.is_set() and searching.is_set() and tasks[0].cancelled()
 
 
 def _wait_settled(client) -> httpx.Response:
@@ -270,6 +386,9 @@ def test_a_body_not_sent_as_json_is_415_saying_so(server):
         ({"local_search_max_data_tokens": 16_001}, "config.local_search_max_data_tokens", "16000"),
         ({"reduce_max_tokens": 100_000}, "config.reduce_max_tokens", "16000"),
         ({"primer_folds": 11}, "config.primer_folds", "10"),
+        # null is "no limit" for an output cap: it must not lift the server's
+        ({"reduce_max_tokens": None}, "config.reduce_max_tokens", "16000"),
+        ({"local_search_llm_max_gen_tokens": None}, "config.local_search_llm_max_gen_tokens", "16000"),
     ],
 )
 def test_config_over_cap_is_422_naming_field_and_cap(server, config, field, cap):

@@ -52,6 +52,10 @@ class ServiceConfig(BaseModel):
     api_key: SecretStr | None = None
 
     max_body_bytes: int = Field(64 * 1024, ge=256, description="largest accepted request body")
+    # A request's headers must arrive within this long of the connection (or of the previous
+    # response), and its body within this long of its headers; else the connection is closed (body:
+    # 408 first). Slow or stalled senders cannot hold connections.
+    request_read_timeout_seconds: float = Field(10.0, gt=0)
     max_query_chars: int = Field(4_000, ge=1, description="longest accepted query")
     caps: RequestCaps = Field(default_factory=RequestCaps)
 

@@ -72,6 +72,16 @@ class ModelError(RuntimeError):
     """A model call failed for good (after retries) or returned output that could not be used."""
 
 
+class ModelRequestError(ModelError):
+    """An HTTP call to the model endpoint failed for good. `status` is the HTTP status (None for
+    timeouts and connection errors); `attempts` how many requests were made."""
+
+    def __init__(self, message: str, *, status: int | None = None, attempts: int = 1):
+        super().__init__(message)
+        self.status = status
+        self.attempts = attempts
+
+
 class StructuredOutputError(ModelError):
     """The model answered, but no valid JSON for the requested schema could be recovered."""
 

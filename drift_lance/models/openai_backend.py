@@ -45,7 +45,7 @@ from tenacity.wait import wait_base
 
 from drift_lance.config.models import ModelSettings
 from drift_lance.errors import first_cause
-from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, Usage
+from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, ModelRequestError, Usage
 from drift_lance.models.compat import native_dimension
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
 from drift_lance.models.structured import parse_structured, response_format_for, schema_instruction
@@ -75,16 +75,6 @@ _no_stream_options: set[tuple[str, str]] = set()
 # reject max_tokens); everything else gets max_tokens, which every OpenAI-compatible server reads.
 _wants_max_completion_tokens: set[tuple[str, str]] = set()
 _memory_lock = threading.Lock()
-
-
-class ModelRequestError(ModelError):
-    """An HTTP call to the model endpoint failed for good. `status` is the HTTP status (None for
-    timeouts and connection errors); `attempts` how many requests were made."""
-
-    def __init__(self, message: str, *, status: int | None = None, attempts: int = 1):
-        super().__init__(message)
-        self.status = status
-        self.attempts = attempts
 
 
 # ---------------------------------------------------------------- retry policy

@@ -25,7 +25,7 @@ from drift_lance.config.service import RequestCaps
 from drift_lance.config.settings import Settings
 from drift_lance.drift.result import SearchResult
 from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
-from drift_lance.models.base import ModelError
+from drift_lance.models.base import ModelError, ModelRequestError
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, error_responses, install_error_handlers
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
@@ -100,6 +100,12 @@ class _ServiceState:
             return ReadyStatus(status="failed", store=r.store, models=r.models, detail=self.startup_error)
         return ReadyStatus(status="ready" if r.ready else "starting", store=r.store, models=r.models, detail=r.detail)
 
+    def authorized(self, header: str | None) -> bool:
+        """Whether an Authorization header carries the API key (always, when none is configured)."""
+        key = self.settings.service.api_key
+        scheme, _, token = (header or "").partition(" ")
+        return _key_matches(key.get_secret_value().encode() if key else None, token.strip() if scheme.lower() == "bearer" else None)
+
     def require_ready(self) -> None:
         status = self.ready_status()
         if status.status != "ready":
@@ -141,7 +147,8 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
     )
     app.state.service = state
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.service.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.service.max_body_bytes,
+                       read_timeout=settings.service.request_read_timeout_seconds)
 
     auth = _auth_dependency(settings)
     app.include_router(_probe_routes(state))
@@ -165,6 +172,11 @@ async def _start_backend(state: _ServiceState) -> None:
         log.error("search backend failed to start: %s", state.startup_error)
 
 
+def _key_matches(key: bytes | None, token: str | None) -> bool:
+    """A bearer token against the service's API key, in constant time; anything goes without a key."""
+    return key is None or hmac.compare_digest((token or "").encode(), key)
+
+
 _bearer = HTTPBearer(auto_error=False, description="API key, when the server has one configured")
 
 
@@ -172,10 +184,7 @@ def _auth_dependency(settings: Settings):
     key = settings.service.api_key.get_secret_value().encode() if settings.service.api_key else None
 
     async def require_api_key(credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
-        if key is None:
-            return
-        given = credentials.credentials.encode() if credentials else b""
-        if not hmac.compare_digest(given, key):
+        if not _key_matches(key, credentials.credentials if credentials else None):
             raise ApiError(
                 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)",
                 headers={"WWW-Authenticate": "Bearer"},
@@ -197,8 +206,10 @@ def _probe_routes(state: _ServiceState) -> APIRouter:
         summary="Readiness: store opened and models loaded",
         responses={503: {"model": ReadyStatus, "description": "Still starting, or startup failed"}},
     )
-    async def readyz() -> JSONResponse:
+    async def readyz(request: Request) -> JSONResponse:
         status = state.ready_status()
+        if not state.authorized(request.headers.get("authorization")):
+            status.detail = ""  # why setup failed (paths, endpoints) is for the operator: log or authenticated
         return JSONResponse(status.model_dump(), status_code=200 if status.status == "ready" else 503)
 
     # HEAD probes (some load balancers send them); kept out of the schema, which has the GETs.
@@ -234,7 +245,7 @@ def _api_routes(state: _ServiceState) -> APIRouter:
         "/search",
         response_model=SearchResult,
         summary="Run a search and return the full result",
-        responses=error_responses(400, 401, 413, 415, 422, 429, 502, 503, 504),
+        responses=error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504),
         dependencies=[Depends(_json_body)],
     )
     async def search(body: SearchRequest, request: Request) -> Response:
@@ -250,7 +261,7 @@ def _api_routes(state: _ServiceState) -> APIRouter:
             raise _map_search_error(exc) from exc
         finally:
             state.slots.release()
-        return JSONResponse(result.model_dump(mode="json"))
+        return JSONResponse(_public_result(result.model_dump(mode="json")))
 
     @router.post(
         "/search/stream",
@@ -260,7 +271,7 @@ def _api_routes(state: _ServiceState) -> APIRouter:
         "equal to the blocking result's) or `error` ({\"error\": {code, message}}).",
         responses={
             200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}, "description": "SSE stream"},
-            **error_responses(401, 413, 415, 422, 429, 503),
+            **error_responses(401, 408, 413, 415, 422, 429, 503),
         },
         response_class=Response,
         dependencies=[Depends(_json_body)],
@@ -373,9 +384,32 @@ def _map_search_error(exc: BaseException) -> ApiError:
         return ApiError(422, "invalid_config", message)
     if isinstance(exc, USER_ERRORS):
         return ApiError(400, "bad_index", message)
+    if isinstance(exc, ModelRequestError):
+        # the full text names the model's endpoint and quotes its error body: the operator's log only
+        log.warning("search failed: %s", message)
+        return ApiError(502, "model_error", f"the model request failed ({_request_failure(exc)}); details are in the server log")
     if isinstance(exc, ModelError):
         return ApiError(502, "model_error", message)
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return ApiError(504, "timeout", message)
     log.error("search failed", exc_info=exc)
     return ApiError(500, "internal", f"search failed: {type(exc).__name__}")
+
+
+def _request_failure(exc: ModelRequestError) -> str:
+    """What went wrong with a model request, without the endpoint or the upstream body."""
+    if exc.status is not None:
+        return f"HTTP {exc.status}"
+    text = str(exc)
+    return "timed out" if "timed out" in text else "connection failed" if "connection failed" in text else "no response"
+
+
+def _public_result(result: dict[str, Any]) -> dict[str, Any]:
+    """A search result for a client: a failed action's error keeps its type, not its text (which can
+    name the model's endpoint, quote its error body or a server file path; the log has it)."""
+    state = result.get("state")
+    for node in state.get("nodes", ()) if isinstance(state, dict) else ():
+        metadata = node.get("metadata") or {}
+        if isinstance(metadata.get("error"), str):
+            metadata["error"] = metadata["error"].split(":", 1)[0]
+    return result

@@ -61,6 +61,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict]:
     descriptions = {
         400: "The index or request cannot be used",
         401: "Missing or wrong API key",
+        408: "The request body did not arrive in time",
         413: "Request body too large",
         415: "The body is not sent as JSON (Content-Type: application/json)",
         422: "Invalid request: bad field, unknown config field, or a value over the server's cap",

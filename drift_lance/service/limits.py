@@ -71,11 +71,17 @@ def _check_json_type(key: str, value: Any, annotation: Any) -> None:
 
 
 def _check_cap(key: str, value: Any, caps: RequestCaps) -> None:
-    if value is None or isinstance(value, bool):
+    if isinstance(value, bool):
+        return
+    cap = caps.cap_for(key)
+    if value is None:  # null means "no limit" (a model's own output cap): not past a capped field
+        if cap is not None:
+            shown = int(cap) if float(cap).is_integer() else cap
+            raise ApiError(422, "over_limit", f"config.{key}: null (no limit) exceeds this server's cap of {shown}",
+                           field=f"config.{key}")
         return
     if value < 0:
         raise ApiError(422, "invalid_request", f"config.{key}: must be >= 0, got {value}", field=f"config.{key}")
-    cap = caps.cap_for(key)
     if cap is not None and value > cap:
         shown = int(cap) if float(cap).is_integer() else cap
         raise ApiError(
@@ -123,13 +129,15 @@ class SearchSlots:
 
 
 class BodySizeLimit:
-    """ASGI middleware: refuse bodies over `max_bytes` with 413 before any handler parses them.
-    Buffers the (small, bounded) body and replays it, then passes later `receive` calls through so
-    handlers still see the client's disconnect."""
+    """ASGI middleware: refuse bodies over `max_bytes` with 413, and bodies still arriving after
+    `read_timeout` seconds with 408, before any handler parses them. Buffers the (small, bounded)
+    body and replays it, then passes later `receive` calls through so handlers still see the
+    client's disconnect."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout: float = 10.0):
         self.app = app
         self.max_bytes = max_bytes
+        self.read_timeout = read_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -137,22 +145,27 @@ class BodySizeLimit:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await self._refuse(send)
+            await self._refuse(send, self._too_large())
             return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._refuse(send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        await self._refuse(send, self._too_large())
+                        return
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await self._refuse(send, ApiError(408, "body_timeout", f"request body not received within {self.read_timeout:g}s", field="body"))
+            return
         body = b"".join(chunks)
         replayed = False
 
@@ -165,13 +178,15 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send) -> None:
-        err = ApiError(413, "body_too_large", f"request body exceeds {self.max_bytes} bytes", field="body")
+    def _too_large(self) -> ApiError:
+        return ApiError(413, "body_too_large", f"request body exceeds {self.max_bytes} bytes", field="body")
+
+    async def _refuse(self, send: Send, err: ApiError) -> None:
         payload = json.dumps(err.payload()).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": err.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                             (b"connection", b"close")],
             }

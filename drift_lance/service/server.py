@@ -33,8 +33,55 @@ def build_server(settings: Settings, *, app: FastAPI | None = None, backend: Sea
         # Clients' requests must be bounded too: headers and idle keep-alive connections.
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=64 * 1024,
+        http=_protocol_with_header_deadline(cfg.request_read_timeout_seconds),
     )
     return ServiceServer(config)
+
+
+def _protocol_with_header_deadline(seconds: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request headers have not all arrived
+    `seconds` after it opened or after its previous response. uvicorn times out idle keep-alive
+    connections only, and any byte received cancels that, so a client sending a header byte every
+    few seconds held its connection forever (hundreds of them starved the server of sockets)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineProtocol(H11Protocol):
+        _header_deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_header_deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_header_deadline()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_deadline()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.conn.their_state is not h11.IDLE:  # the headers are in: the body has its own deadline
+                self._disarm_header_deadline()
+
+        def _arm_header_deadline(self) -> None:
+            self._disarm_header_deadline()
+            self._header_deadline = self.loop.call_later(seconds, self._close_if_still_waiting)
+
+        def _disarm_header_deadline(self) -> None:
+            if self._header_deadline is not None:
+                self._header_deadline.cancel()
+                self._header_deadline = None
+
+        def _close_if_still_waiting(self) -> None:
+            self._header_deadline = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                log.info("closing a connection whose request headers did not arrive within %gs", seconds)
+                self.transport.close()
+
+    return HeaderDeadlineProtocol
 
 
 class ServiceServer(uvicorn.Server):

@@ -52,9 +52,11 @@ class SearchEventStream:
         map_error: ErrorMapper,
         on_finish: Callable[[], None],
         track: Callable[[asyncio.Task], None],
+        stall_grace: float = 10.0,
     ):
         self._run = run
         self._timeout = timeout
+        self._stall_grace = stall_grace
         self._keepalive = keepalive
         self._map_error = map_error
         self._on_finish = on_finish
@@ -66,20 +68,26 @@ class SearchEventStream:
         self._track(search)
         gone = asyncio.create_task(wait_for_disconnect(receive))
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"text/event-stream; charset=utf-8"),
-                        (b"cache-control", b"no-cache"),
-                        (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
-                    ],
-                }
-            )
-            await self._pump(queue, search, gone, send)
+            # A client that stops reading blocks our writes once the socket buffers are full: past
+            # the search's own deadline (plus time to send its error) the stream is dropped, so it
+            # cannot hold a search slot for ever.
+            async with asyncio.timeout(self._timeout + self._stall_grace):
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [
+                            (b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache"),
+                            (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+                        ],
+                    }
+                )
+                await self._pump(queue, search, gone, send)
         except OSError:
             pass  # the client went away mid-write; the finally cancels the search
+        except TimeoutError:
+            log.warning("a stream's client stopped reading; dropping the stream and cancelling its search")
         finally:
             gone.cancel()
             if not search.done():
