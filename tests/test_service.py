@@ -220,7 +220,9 @@ def test_slow_senders_lose_their_connection(service_settings, live_server):
             except OSError:
                 closed = True
         assert closed and time.monotonic() - started < 2
-        answer = stalled.recv(4096)
+        answer = b""
+        while chunk := stalled.recv(4096):  # the 408 closes the connection: read to the end
+            answer += chunk
         assert answer.startswith(b"HTTP/1.1 408") and b'"code":"body_timeout"' in answer.replace(b" ", b"")
     finally:
         trickle.close()
@@ -327,6 +329,13 @@ def test_auth_required_when_api_key_set_from_environment(service_db, live_server
         schema = client.get("/openapi.json")
         stream = client.post("/v1/search/stream", json=query)
         health, ready = client.get("/healthz"), client.get("/readyz")
+        # nothing of the request is read before the key is checked: no 422 or 413 tells the body's fate
+        bad_json = client.post("/v1/search", content=b"{bad", headers={"content-type": "application/json"})
+        huge = client.post("/v1/search", content=b"x" * 200_000, headers={"content-type": "application/json"})
+        unknown = client.get("/v1/nothing-here")
+        schema_with_key = client.get("/openapi.json", headers={"Authorization": "Bearer s3cret"})
+    assert bad_json.status_code == huge.status_code == unknown.status_code == 401
+    assert schema_with_key.status_code == 200 and "HTTPBearer" in schema_with_key.json()["components"]["securitySchemes"]
     assert missing.status_code == 401 and missing.headers["WWW-Authenticate"] == "Bearer"
     assert missing.json()["error"]["code"] == "unauthorized"
     assert wrong.status_code == 401

@@ -1,7 +1,8 @@
 """The FastAPI app: search (blocking and SSE), index manifest, health, readiness.
 
 Auth: when `service.api_key` (or DRIFT_LANCE_API_KEY) is set, every route except /healthz and
-/readyz — including /openapi.json — needs `Authorization: Bearer <key>`. Probes stay open because
+/readyz — including /openapi.json and unknown paths — needs `Authorization: Bearer <key>`, checked
+before anything of the request is read. Probes stay open because
 load balancers and orchestrators call them without credentials; they reveal nothing about the index.
 """
 
@@ -15,7 +16,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from drift_lance import __version__
@@ -101,10 +102,14 @@ class _ServiceState:
         return ReadyStatus(status="ready" if r.ready else "starting", store=r.store, models=r.models, detail=r.detail)
 
     def authorized(self, header: str | None) -> bool:
-        """Whether an Authorization header carries the API key (always, when none is configured)."""
+        """Whether an Authorization header carries the API key (in constant time; always true when
+        no key is configured)."""
         key = self.settings.service.api_key
+        if key is None:
+            return True
         scheme, _, token = (header or "").partition(" ")
-        return _key_matches(key.get_secret_value().encode() if key else None, token.strip() if scheme.lower() == "bearer" else None)
+        given = token.strip() if scheme.lower() == "bearer" else ""
+        return hmac.compare_digest(given.encode(), key.get_secret_value().encode())
 
     def require_ready(self) -> None:
         status = self.ready_status()
@@ -149,13 +154,14 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.service.max_body_bytes,
                        read_timeout=settings.service.request_read_timeout_seconds)
+    app.add_middleware(_RequireApiKey, state=state)  # outermost: before any body is read
 
-    auth = _auth_dependency(settings)
+    declare_auth = [Security(_bearer)]  # the OpenAPI security scheme; _RequireApiKey enforces it
     app.include_router(_probe_routes(state))
-    app.include_router(_api_routes(state), dependencies=[Depends(auth)])
-    app.include_router(_admin_routes(state), dependencies=[Depends(auth)])
+    app.include_router(_api_routes(state), dependencies=declare_auth)
+    app.include_router(_admin_routes(state), dependencies=declare_auth)
 
-    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(auth)])
+    @app.get("/openapi.json", include_in_schema=False)
     async def openapi_schema() -> JSONResponse:
         return JSONResponse(app.openapi())
 
@@ -172,25 +178,27 @@ async def _start_backend(state: _ServiceState) -> None:
         log.error("search backend failed to start: %s", state.startup_error)
 
 
-def _key_matches(key: bytes | None, token: str | None) -> bool:
-    """A bearer token against the service's API key, in constant time; anything goes without a key."""
-    return key is None or hmac.compare_digest((token or "").encode(), key)
-
-
 _bearer = HTTPBearer(auto_error=False, description="API key, when the server has one configured")
 
 
-def _auth_dependency(settings: Settings):
-    key = settings.service.api_key.get_secret_value().encode() if settings.service.api_key else None
+class _RequireApiKey:
+    """ASGI middleware: every route but the probes needs the API key, checked before anything reads
+    the request (as a route dependency it ran after FastAPI had parsed the body, so a client without
+    the key got 422 invalid_json for a bad body instead of 401)."""
 
-    async def require_api_key(credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
-        if not _key_matches(key, credentials.credentials if credentials else None):
-            raise ApiError(
-                401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+    def __init__(self, app: Any, state: _ServiceState):
+        self.app = app
+        self.state = state
 
-    return require_api_key
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            header = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+            if not self.state.authorized(header):
+                refusal = ApiError(401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)",
+                                   headers={"WWW-Authenticate": "Bearer"})
+                await refusal.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _probe_routes(state: _ServiceState) -> APIRouter:
