@@ -103,6 +103,20 @@ async def test_local_chat_structured_call_returns_valid_primer_json(smollm, no_n
 
 
 @pytest.mark.slow
+async def test_local_chat_free_text_answers_do_not_loop_at_temperature_zero(smollm, no_network):
+    """Greedy decoding made the 135M model repeat itself ("a beacon, a beacon, a beacon, ..."; the
+    demo's whole answer was one sentence again and again): free text gets llama.cpp's repeat penalty."""
+    import collections
+    import re
+
+    result = await smollm.complete([Message("user", "Explain what the purpose of a lighthouse is.")],
+                                   params=ChatParams(temperature=0, max_tokens=200))
+    words = re.findall(r"[a-z']+", result.text.lower())
+    phrases = collections.Counter(zip(words, words[1:], words[2:]))
+    assert len(words) > 50 and max(phrases.values()) <= 3, phrases.most_common(3)
+
+
+@pytest.mark.slow
 async def test_local_chat_streams_and_cancels_cleanly(smollm, no_network):
     prompt = [Message("user", "Write a long story about a lighthouse keeper.")]
     stream = smollm.stream(prompt, params=ChatParams(temperature=0, max_tokens=400))

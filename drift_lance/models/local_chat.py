@@ -100,11 +100,12 @@ class LlamaCppChatModel:
     _loaded_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, model_path: Path, *, model_id: str = LOCAL_CHAT_MODEL, n_ctx: int = 8192,
-                 n_threads: int | None = None, seed: int = 0):
+                 n_threads: int | None = None, seed: int = 0, repeat_penalty: float = 1.15):
         if not Path(model_path).is_file():
             raise ConfigError(f"llama_model_path: GGUF file not found: {model_path}")
         self.model_id = model_id
         self.n_ctx = n_ctx
+        self.repeat_penalty = repeat_penalty
         key = _ModelKey(str(Path(model_path).resolve()), n_ctx, n_threads, seed)
         with self._loaded_lock:  # one instance per file and settings, per process
             self._model = self._loaded.setdefault(key, _LoadedModel(key))
@@ -113,7 +114,8 @@ class LlamaCppChatModel:
     def from_settings(cls, settings: ModelSettings) -> LlamaCppChatModel:
         path = settings.llama_model_path or default_gguf_path()
         return cls(path, model_id=settings.chat_model or LOCAL_CHAT_MODEL, n_ctx=settings.llama_n_ctx,
-                   n_threads=settings.llama_n_threads, seed=settings.llama_seed)
+                   n_threads=settings.llama_n_threads, seed=settings.llama_seed,
+                   repeat_penalty=settings.llama_repeat_penalty)
 
     async def complete(
         self,
@@ -147,6 +149,8 @@ class LlamaCppChatModel:
             # The grammar guarantees the shape; the instruction helps the model fill it sensibly.
             payload = _with_system(payload, schema_instruction(response_model))
             kwargs["response_format"] = {"type": "json_object", "schema": response_schema(response_model)}
+        else:
+            kwargs["repeat_penalty"] = self.repeat_penalty
         kwargs["messages"] = payload
         return kwargs
 
