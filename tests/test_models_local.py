@@ -105,7 +105,7 @@ async def test_local_chat_structured_call_returns_valid_primer_json(smollm, no_n
 @pytest.mark.slow
 async def test_local_chat_free_text_answers_do_not_loop_at_temperature_zero(smollm, no_network):
     """Greedy decoding made the 135M model repeat itself ("a beacon, a beacon, a beacon, ..."; the
-    demo's whole answer was one sentence again and again): free text gets llama.cpp's repeat penalty."""
+    demo's whole answer was one sentence again and again): it generates with llama.cpp's repeat penalty."""
     import collections
     import re
 

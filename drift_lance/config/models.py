@@ -87,10 +87,10 @@ class ModelSettings(BaseSettings):
     llama_n_ctx: int = Field(8192, ge=256, description="context window in tokens")
     llama_n_threads: int | None = Field(None, ge=1, description="CPU threads (default: llama.cpp's choice)")
     llama_seed: int = 0
-    # Free-text answers only (HyDE, reduce, local search's answer): at temperature 0 the embedded
-    # 135M model repeated one sentence for the whole demo answer; 1.15 keeps it on topic (1.3 loops
-    # by paragraph). Structured (JSON) calls keep 1.0: their grammar repeats syntax tokens by design.
-    llama_repeat_penalty: float = Field(1.15, ge=1.0, le=2.0, description="llama.cpp repeat penalty for free-text answers")
+    # At temperature 0 the embedded 135M model repeated one sentence for the whole demo answer, and
+    # one sentence inside the primer's JSON string until the output cap cut it (an unparseable fold,
+    # 12 s of the demo). 1.15 keeps it on topic (1.3 loops by paragraph); the JSON grammar still holds.
+    llama_repeat_penalty: float = Field(1.15, ge=1.0, le=2.0, description="llama.cpp repeat penalty")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

@@ -149,8 +149,7 @@ class LlamaCppChatModel:
             # The grammar guarantees the shape; the instruction helps the model fill it sensibly.
             payload = _with_system(payload, schema_instruction(response_model))
             kwargs["response_format"] = {"type": "json_object", "schema": response_schema(response_model)}
-        else:
-            kwargs["repeat_penalty"] = self.repeat_penalty
+        kwargs["repeat_penalty"] = self.repeat_penalty
         kwargs["messages"] = payload
         return kwargs
 
