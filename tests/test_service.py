@@ -100,6 +100,31 @@ def test_stream_events_in_order_with_counts_equal_to_blocking_result(server):
     assert primer["follow_ups"] and primer["reports"] >= 1
 
 
+def test_every_stream_event_matches_the_schema_openapi_names_for_it(service_settings, live_server):
+    """`x-sse-events` of the stream's response maps each event name to its data's schema: a client
+    typing the events from the document must accept every event the server sends."""
+    import jsonschema
+
+    from drift_lance.models.base import ModelError
+    from drift_lance.testing import ScriptedChatModel
+
+    srv = start(live_server, service_settings)
+    with srv.client() as client:
+        document = client.get("/openapi.json").json()
+        with client.stream("POST", "/v1/search/stream", json={"query": "Who is in the squad?", "config": {"n_depth": 1}}) as r:
+            events = read_sse(r)
+    failing = start(live_server, service_settings, ScriptedChatModel(lambda *a: ModelError("upstream is down")))
+    with failing.client() as client, client.stream("POST", "/v1/search/stream", json={"query": "q", "method": "local"}) as r:
+        events += read_sse(r)
+    stream = document["paths"]["/v1/search/stream"]["post"]["responses"]["200"]["content"]["text/event-stream"]
+    named = stream["x-sse-events"]
+    assert set(named) == {"primer", "action", "token", "done", "error"} == {name for name, _ in events}
+    for name, data in events:
+        jsonschema.validate(data, {**named[name], "components": document["components"]})
+    with pytest.raises(jsonschema.ValidationError):  # the schemas are closed: a renamed field would show
+        jsonschema.validate({**events[0][1], "follow_up": []}, {**named[events[0][0]], "components": document["components"]})
+
+
 def test_index_health_and_readiness(server):
     with server.client() as client:
         assert client.get("/healthz").json()["status"] == "ok"

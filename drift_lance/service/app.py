@@ -29,6 +29,7 @@ from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
 from drift_lance.models.base import ModelError, ModelRequestError
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, error_responses, install_error_handlers
+from drift_lance.service.events import add_stream_events
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
 from drift_lance.store import Manifest
@@ -161,6 +162,15 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
     app.include_router(_api_routes(state), dependencies=declare_auth)
     app.include_router(_admin_routes(state), dependencies=declare_auth)
 
+    generate_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:  # FastAPI caches the document it generates: add to it once
+            add_stream_events(generate_openapi(), "/v1/search/stream")
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi_schema() -> JSONResponse:
         return JSONResponse(app.openapi())
@@ -276,7 +286,8 @@ def _api_routes(state: _ServiceState) -> APIRouter:
         summary="Run a search, streaming progress as Server-Sent Events",
         description="Events, in order: `primer` (DRIFT primer done), `action` (one per completed "
         "follow-up action), `token` (answer tokens), then `done` (per-stage LLM calls and tokens, "
-        "equal to the blocking result's) or `error` ({\"error\": {code, message}}).",
+        "equal to the blocking result's) or `error` ({\"error\": {code, message}}). Each event's data "
+        "is one JSON line; its schema, by event name, is under `x-sse-events` of this response.",
         responses={
             200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}, "description": "SSE stream"},
             **error_responses(401, 408, 413, 415, 422, 429, 503),

@@ -71,18 +71,3 @@ class SearchBackend(Protocol):
 
     # Optional: `async def reload() -> generations.ReloadResult` switches to the newest ingested
     # generation (POST /v1/admin/reload answers 501 for a backend without it).
-
-
-def result_counts(result: SearchResult) -> dict[str, Any]:
-    """The per-stage counts of a result: what the stream's final `done` event carries."""
-    return result.model_dump(
-        include={
-            "llm_calls",
-            "prompt_tokens",
-            "output_tokens",
-            "llm_calls_categories",
-            "prompt_tokens_categories",
-            "output_tokens_categories",
-            "completion_time",
-        }
-    )

@@ -15,8 +15,9 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from drift_lance.drift.result import SearchResult
-from drift_lance.service.backend import EventSink, SearchEvent, result_counts
+from drift_lance.service.backend import EventSink, SearchEvent
 from drift_lance.service.errors import ApiError
+from drift_lance.service.events import done_event
 
 log = logging.getLogger("drift_lance.service")
 
@@ -133,7 +134,7 @@ class SearchEventStream:
         if search.cancelled():  # e.g. the server is shutting down past its grace period
             await emit("error", ApiError(503, "cancelled", "search cancelled: server shutting down").payload())
         elif (exc := search.exception()) is None:
-            await emit("done", result_counts(search.result()))
+            await emit("done", done_event(search.result()))
         else:
             await emit("error", self._map_error(exc).payload())
         await send({"type": "http.response.body", "body": b"", "more_body": False})
