@@ -95,9 +95,7 @@ class ExactMatrix:
         if k <= 0:
             return np.empty((len(queries), 0), dtype=np.int64), np.empty((len(queries), 0), dtype=np.float32)
         if self.codes is None:
-            scores = similarity_scores(queries, self.columns)
-            if excluded is not None:
-                scores[:, excluded] = -np.inf  # never among the top min(k, n) of the n matching rows
+            scores = _without(similarity_scores(queries, self.columns), excluded)
             tops = np.stack([top_k_stable(row, k) for row in scores])
             return tops, np.take_along_axis(scores, tops, axis=1)
         # Rows that can make the top k, then their scores row by row: `_row_scores` rounds a row
@@ -124,8 +122,7 @@ class ExactMatrix:
         screened = self._int8_products(query_codes)
         screened *= query_scales[:, None]
         screened *= self.scales[None, :]
-        if excluded is not None:
-            screened[:, excluded] = -np.inf
+        _without(screened, excluded)
         query_norms = np.linalg.norm(queries.astype(np.float64), axis=1)
         slack = _rounding_slack(queries.shape[1])
         candidates = []
@@ -140,9 +137,7 @@ class ExactMatrix:
         """Per query, ascending positions of every row whose float32 product score is within
         rounding of the k-th best (the product and `_row_scores` may round a row differently)."""
         assert self.vectors is not None
-        scores = similarity_scores(queries, self.vectors.T)
-        if excluded is not None:
-            scores[:, excluded] = -np.inf
+        scores = _without(similarity_scores(queries, self.vectors.T), excluded)
         slack = _rounding_slack(queries.shape[1])
         cut = scores.shape[1] - k
         return [np.flatnonzero(row >= np.partition(row, cut)[cut] - slack) for row in scores]
@@ -166,6 +161,14 @@ def top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
         candidates = np.arange(scores.shape[0])
     order = np.lexsort((candidates, -scores[candidates]))
     return candidates[order][:k]
+
+
+def _without(scores: np.ndarray, excluded: np.ndarray | None) -> np.ndarray:
+    """`scores` (queries, rows) with the excluded rows at -inf, in place: never among the top
+    min(k, n) of the n matching rows."""
+    if excluded is not None:
+        scores[:, excluded] = -np.inf
+    return scores
 
 
 def _row_scores(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
