@@ -23,8 +23,8 @@ from drift_lance.drift.callbacks import DriftCallbacks
 from drift_lance.drift.result import SearchResult
 from drift_lance.errors import ConfigError
 from drift_lance.models.base import ChatModel, Embedder, aclose_models
-from drift_lance.service.backend import EventSink, Method, Readiness, SearchEvent
-from drift_lance.service.events import ActionEvent, PrimerEvent, TokenEvent
+from drift_lance.service.backend import EventSink, Method, Readiness
+from drift_lance.service.events import ActionEvent, PrimerEvent, TokenEvent, search_event
 from drift_lance.service.generations import ReloadResult, ServingStores
 from drift_lance.store import IndexStore, Manifest
 
@@ -211,7 +211,7 @@ async def _stream_local(search: Any, query: str, on_event: EventSink) -> SearchR
     stream = search.stream_search(query)
     try:
         async for delta in stream:
-            on_event(SearchEvent("token", TokenEvent(text=delta).model_dump()))
+            on_event(search_event(TokenEvent(text=delta)))
     finally:
         await stream.aclose()
     assert stream.result is not None
@@ -225,16 +225,15 @@ class _EventCallbacks(DriftCallbacks):
         self._sink = sink
 
     def on_primer_done(self, root: DriftAction, reports: list[dict[str, Any]]) -> None:
-        event = PrimerEvent(query=root.query, score=_finite(root.score), follow_ups=list(root.follow_ups), reports=len(reports))
-        self._sink(SearchEvent("primer", event.model_dump()))
+        self._sink(search_event(PrimerEvent(query=root.query, score=_finite(root.score), follow_ups=list(root.follow_ups),
+                                            reports=len(reports))))
 
     def on_action_completed(self, action: DriftAction, epoch: int) -> None:
-        event = ActionEvent(epoch=epoch, query=action.query, score=_finite(action.score), failed=action.failed,
-                            follow_ups=list(action.follow_ups))
-        self._sink(SearchEvent("action", event.model_dump()))
+        self._sink(search_event(ActionEvent(epoch=epoch, query=action.query, score=_finite(action.score),
+                                            failed=action.failed, follow_ups=list(action.follow_ups))))
 
     def on_token(self, token: str) -> None:
-        self._sink(SearchEvent("token", TokenEvent(text=token).model_dump()))
+        self._sink(search_event(TokenEvent(text=token)))
 
 
 def _finite(value: float | None) -> float | None:

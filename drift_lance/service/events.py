@@ -9,9 +9,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from drift_lance.drift.result import SearchResult
+from drift_lance.service.backend import SearchEvent
 from drift_lance.service.errors import ErrorResponse
 
-__all__ = ["STREAM_EVENTS", "ActionEvent", "DoneEvent", "PrimerEvent", "TokenEvent", "add_stream_events", "done_event"]
+__all__ = ["STREAM_EVENTS", "ActionEvent", "DoneEvent", "PrimerEvent", "TokenEvent", "add_stream_events", "done_event",
+           "search_event"]
 
 
 class _Event(BaseModel):
@@ -60,6 +62,14 @@ class DoneEvent(_Event):
 STREAM_EVENTS: dict[str, type[BaseModel]] = {
     "primer": PrimerEvent, "action": ActionEvent, "token": TokenEvent, "done": DoneEvent, "error": ErrorResponse,
 }
+
+
+_EVENT_NAMES = {model: name for name, model in STREAM_EVENTS.items()}
+
+
+def search_event(data: PrimerEvent | ActionEvent | TokenEvent) -> SearchEvent:
+    """A progress event named by its model, so a name and its data cannot disagree."""
+    return SearchEvent(_EVENT_NAMES[type(data)], data.model_dump())  # type: ignore[arg-type]
 
 
 def done_event(result: SearchResult) -> dict[str, Any]:

@@ -73,19 +73,15 @@ def _check_json_type(key: str, value: Any, annotation: Any) -> None:
 def _check_cap(key: str, value: Any, caps: RequestCaps) -> None:
     if isinstance(value, bool):
         return
-    cap = caps.cap_for(key)
-    if value is None:  # null means "no limit" (a model's own output cap): not past a capped field
-        if cap is not None:
-            shown = int(cap) if float(cap).is_integer() else cap
-            raise ApiError(422, "over_limit", f"config.{key}: null (no limit) exceeds this server's cap of {shown}",
-                           field=f"config.{key}")
-        return
-    if value < 0:
+    if value is not None and value < 0:
         raise ApiError(422, "invalid_request", f"config.{key}: must be >= 0, got {value}", field=f"config.{key}")
-    if cap is not None and value > cap:
+    cap = caps.cap_for(key)
+    # null means "no limit" (a model's own output cap): past any cap
+    if cap is not None and (value is None or value > cap):
         shown = int(cap) if float(cap).is_integer() else cap
+        asked = "null (no limit)" if value is None else value
         raise ApiError(
-            422, "over_limit", f"config.{key}: {value} exceeds this server's cap of {shown}", field=f"config.{key}"
+            422, "over_limit", f"config.{key}: {asked} exceeds this server's cap of {shown}", field=f"config.{key}"
         )
 
 
