@@ -176,6 +176,7 @@ def recalibrate_case(db: str, recall: float) -> dict[str, Any]:
 def engine_search_case(db: str, data_dir: str, concurrency: int = 8, nprobes: int | None = None) -> dict[str, Any]:
     """`store.search("entities", q, 10)` exactly as the engine calls it (with `nprobes`: as a store
     configured with `search.nprobes`)."""
+    from benchmarks.retrieval import paced_cpu_ms
     from drift_lance._lance_store import open_store
     from drift_lance.config.ingest import SearchTuning, StoreConfig
 
@@ -216,6 +217,7 @@ def engine_search_case(db: str, data_dir: str, concurrency: int = 8, nprobes: in
             conc_start = time.perf_counter()
             await asyncio.gather(*(gated(q) for q in qv))
             conc_s = time.perf_counter() - conc_start
+            paced = await paced_cpu_ms(search, qv)
             info = store.manifest.tables["entities"]
             tuning = store.config.search
             probing = {  # what the store's queries ran with
@@ -228,7 +230,7 @@ def engine_search_case(db: str, data_dir: str, concurrency: int = 8, nprobes: in
                 **latency_summary(latencies), "qps": len(qv) / serial_s, "qps_concurrent": len(qv) / conc_s,
                 "recall_at_10": recall_at_k(recall_found, truth, K), "recall_queries": len(every_query),
                 "recall_at_10_timed": recall_at_k(found, truth[: len(qv)], K), "queries": len(qv), "open_s": open_s,
-                "first_query_ms": first_ms, "index_type": info.vector_index,
+                "first_query_ms": first_ms, "paced_cpu_ms": paced, "index_type": info.vector_index,
                 "probing": probing if info.vector_index else None,
                 "options": store.manifest.options,
             }
@@ -369,7 +371,7 @@ def _engine_record(rows: int, dim: int, method: str, case: dict[str, Any], meta:
                    and (case["index_type"] == "IVF_HNSW_SQ" or k not in ("m", "ef_construction"))},
                 **{k: v for k, v in case["probing"].items() if v is not None}}
         if case["index_type"] else {"path": "exact in-memory"},
-        extra={"open_s": case["open_s"], "first_query_ms": case["first_query_ms"],
+        extra={"open_s": case["open_s"], "first_query_ms": case["first_query_ms"], "paced_cpu_ms": case["paced_cpu_ms"],
                "data": "ingest.synthetic entities; queries = noisy copies of random entities",
                "recall_queries": case["recall_queries"], "recall_at_10_timed_queries": case["recall_at_10_timed"],
                **{k: v for k, v in case.items() if k.startswith("paired_")}},

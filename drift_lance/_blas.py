@@ -3,12 +3,13 @@
 OpenBLAS (numpy's BLAS) hands a product to a helper thread and that thread then spins for ~0.1 s
 waiting for more work. On this project's 2-core machine the helper burned ~460 ms of CPU per DRIFT
 query (the engine's own thread used ~310 ms), CPU a service's other queries and a local LLM server
-need. So a batch of queries is scored with BLAS held to one thread, and a large batch is split by
-rows of the table between the calling thread and one worker of our own, which blocks instead of
-spinning when done: a 20 x 10^4 x 1536 product takes ~7 ms instead of ~11 ms, with no spin after it.
-A single query over a large table keeps OpenBLAS's helper: its memory-bound matrix-vector product
-is ~2x faster with it (1.2 vs 2.4 ms at 10^4 x 1536). A small one (DRIFT's primer over 625 reports)
-does not: the helper saves ~40 us and then spins ~0.1 s, which measured 116 ms of CPU per DRIFT query.
+need. So every product here runs with BLAS held to one thread, and a large batch is split by rows
+of the table between the calling thread and one worker of our own, which blocks instead of spinning
+when done: a 20 x 10^4 x 1536 product takes ~7 ms instead of ~11 ms, with no spin after it.
+Single queries too: the helper halves a 10^4 x 384 product (~90 against ~170 us), but a query every
+20 ms then kept it spinning, 4.2 s of CPU in 6 s, and two busy processes beside it lost a third of
+their throughput. Tables where that product costs most are screened with int8 codes instead
+(`_exact.py`), on one thread.
 """
 
 from __future__ import annotations
@@ -27,15 +28,11 @@ __all__ = ["similarity_scores"]
 # Below this many multiply-adds a batch is scored on the calling thread: handing half of it to the
 # worker costs ~0.1 ms, which only pays off from a few milliseconds of work.
 SPLIT_MIN_MULTIPLY_ADDS = 50_000_000
-# Below this many multiply-adds a single query runs with BLAS held to one thread (see above).
-HELPER_MIN_MULTIPLY_ADDS = 2_000_000
 
 
 def similarity_scores(queries: np.ndarray, columns: np.ndarray) -> np.ndarray:
     """`queries @ columns`: one row of scores per query (rows of `queries`)."""
     work = queries.shape[0] * columns.shape[0] * columns.shape[1]
-    if len(queries) == 1 and work >= HELPER_MIN_MULTIPLY_ADDS:
-        return queries @ columns
     # The thread count is process-wide: a lock keeps callers on other threads from restoring it
     # under each other (they would compete for the same cores anyway).
     with _LIMIT_LOCK, _controller().limit(limits=1, user_api="blas"):

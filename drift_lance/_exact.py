@@ -1,19 +1,21 @@
 """Exact top-k cosine search over a table's vectors held in memory.
 
 A float32 scan of 10^4 x 1536 vectors reads 61 MB per query and is bound by memory bandwidth
-(~0.9-1.4 ms). Large matrices are therefore screened first with int8 codes (a quarter of the bytes;
-SimSIMD's integer dot product, ~0.4-0.7 ms), and only rows that could still be in the top k are
-scored in float32. The result is exact, not approximate: every row's screening error is bounded,
+(~0.9-1.5 ms). Matrices from 2M values are therefore screened first with int8 codes (a quarter of
+the bytes; SimSIMD's integer dot product on one thread, ~0.35 ms), and only rows that could still be
+in the top k are scored in float32. The result is exact, not approximate: every row's screening
+error is bounded,
 
     |q.v - q'.v'| <= |q| |v - v'| + |q - q'| |v'|,
 
 where v' and q' are the dequantized codes; |v - v'| and |v'| are kept per row, |q - q'| is computed
-per query. Score the k best rows by code in float32; the smallest of those scores is a floor the
-true k-th score cannot be under. A row whose screened score plus its bound stays under the floor
-cannot be in the top k; every other row is scored in float32 and the top k of those are returned,
-ties in table order. Candidates are scored row by row (`_row_scores`), so equal rows get equal
-scores wherever they sit; a batch of queries picks its candidates with one float32 product instead
-of screening and scores them the same way, so a query gets the same answer alone or in a batch.
+per query. A row's screened score plus its bound is its ceiling. Score the k rows of highest
+ceiling in float32; the smallest of those scores is a floor the true k-th score cannot be under. A
+row whose ceiling stays under the floor cannot be in the top k; every other row is scored in
+float32 and the top k of those are returned, ties in table order. Candidates are scored row by row
+(`_row_scores`), so equal rows get equal scores wherever they sit; a batch of queries picks its
+candidates with one float32 product instead of screening and scores them the same way, so a query
+gets the same answer alone or in a batch.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from drift_lance._blas import similarity_scores
 
 __all__ = ["ExactMatrix", "top_k_stable"]
 
-# Below this many values (rows x dim, 32 MB of float32) the matrix is scanned as is: screening pays
-# for its fixed per-query steps only once the float32 scan is bound by memory bandwidth. Measured
-# per query, screened against plain: 10^4 x 384 0.19 / 0.14 ms, 10^4 x 768 0.43 / 0.47, 10^4 x 1536
-# 0.76 / 0.93, 2 x 10^4 x 3072 3.2 / 4.7 (AMD EPYC, 32 MB L3).
-SCREEN_MIN_VALUES = 8_000_000
+# Below this many values (rows x dim, 8 MB of float32) the matrix is scanned as is: screening pays
+# for its fixed per-query steps from about there. Measured per query against the float32 product on
+# one BLAS thread (`_blas.py` says why one): 2,500 x 384 68 / 69 us, 10^4 x 384 145 / 191 us,
+# 5,000 x 768 137 / 176 us, 10^4 x 1536 465 / 1,512 us (AMD EPYC, 32 MB L3).
+SCREEN_MIN_VALUES = 2_000_000
 # Larger batches are scored with one float32 product (20 x 10^4 x 1536: 9 ms, screened 11.6 ms).
 SCREEN_MAX_QUERIES = 1
 
@@ -114,22 +116,27 @@ class ExactMatrix:
 
     def _screen(self, queries: np.ndarray, k: int, excluded: np.ndarray | None) -> list[np.ndarray]:
         """Per query, ascending positions of every row whose int8-screened score plus its error
-        bound reaches the k-th best score among the k best rows by code."""
+        bound (its ceiling) reaches the smallest float32 score among the k rows of highest ceiling."""
         assert self.vectors is not None and self.scales is not None
         assert self.residual_norms is not None and self.code_norms is not None
         query_codes, query_scales = _quantize(queries)
         query_errors = np.linalg.norm(queries - query_codes.astype(np.float64) * query_scales[:, None], axis=1)
-        screened = self._int8_products(query_codes)
-        screened *= query_scales[:, None]
-        screened *= self.scales[None, :]
-        _without(screened, excluded)
+        ceilings = self._int8_products(query_codes)
+        ceilings *= query_scales[:, None]
+        ceilings *= self.scales[None, :]
+        _without(ceilings, excluded)
         query_norms = np.linalg.norm(queries.astype(np.float64), axis=1)
         slack = _rounding_slack(queries.shape[1])
         candidates = []
-        for query, scores, query_norm, query_error in zip(queries, screened, query_norms, query_errors, strict=True):
-            best_by_code = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.flatnonzero(scores > -np.inf)
-            floor = float(np.min(_row_scores(self.vectors[best_by_code], query)))
-            ceiling = scores + (query_norm * self.residual_norms + query_error * self.code_norms + slack)
+        for query, ceiling, query_norm, query_error in zip(queries, ceilings, query_norms, query_errors, strict=True):
+            ceiling += query_norm * self.residual_norms
+            ceiling += query_error * self.code_norms
+            ceiling += slack
+            # Any k matching rows' float32 scores floor the k-th best; rows of high ceiling give a
+            # high floor, and one partition of the ceilings is all it costs.
+            cut = len(ceiling) - k
+            best = np.argpartition(ceiling, cut)[cut:] if cut > 0 else np.flatnonzero(ceiling > -np.inf)
+            floor = float(np.min(_row_scores(self.vectors[best], query)))
             candidates.append(np.flatnonzero(ceiling >= floor))
         return candidates
 
