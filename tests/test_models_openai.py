@@ -80,7 +80,7 @@ async def test_gives_up_after_configured_attempts_with_clear_error(openai_server
     message = str(info.value)
     assert "after 3 attempts" in message and "HTTP 500" in message and "model overloaded" in message
     assert "test-chat" in message and openai_server.base_url in message
-    assert info.value.attempts == 3 and info.value.status == 500
+    assert info.value.attempts == 3 and info.value.status == 500 and info.value.failure == "status"
     assert len(openai_server.chat_requests) == 3
 
 
@@ -96,7 +96,7 @@ async def test_timeout_retries_then_fails_and_disconnects(openai_server, openai_
     chat = _chat(openai_settings, request_timeout=0.3, max_retries=1)
     with pytest.raises(ModelRequestError, match="timed out after 0.3s") as info:
         await chat.complete(USER)
-    assert info.value.attempts == 2
+    assert info.value.attempts == 2 and info.value.failure == "timeout" and info.value.status is None
     # the client gave up on both requests: the server saw both connections go away
     await _eventually(lambda: openai_server.disconnects == 2)
 
@@ -117,7 +117,7 @@ async def test_a_refused_or_dropped_connection_is_reported_as_such_not_as_a_time
     try:
         with pytest.raises(ModelRequestError, match="connection failed: ") as info:
             await _chat(settings).complete(USER)
-        assert "timed out" not in str(info.value)
+        assert "timed out" not in str(info.value) and info.value.failure == "connection"
         embedder = get_embedder(settings.model_copy(update={"embedding_batch_size": 1}))
         with pytest.raises(ModelRequestError, match="connection failed: "):
             await embedder.embed(["a", "b", "c"])
@@ -152,13 +152,14 @@ async def test_malformed_http_body_is_a_model_error(openai_server, openai_settin
     openai_server.queue_chat(*[Reply(body="{not json")] * 3)
     with pytest.raises(ModelRequestError, match="malformed response body") as info:
         await _chat(openai_settings).complete(USER)
-    assert info.value.attempts == 3
+    assert info.value.attempts == 3 and info.value.failure == "malformed"
 
 
 async def test_a_json_body_that_is_not_an_object_is_a_model_error(openai_server, openai_settings):
     openai_server.queue_chat(Reply(body="[1, 2, 3]"))
-    with pytest.raises(ModelRequestError, match="malformed response body: expected a JSON object"):
+    with pytest.raises(ModelRequestError, match="malformed response body: expected a JSON object") as info:
         await _chat(openai_settings, max_retries=0).complete(USER)
+    assert info.value.failure == "malformed"
 
 
 async def test_http_transport_is_aiohttp_unless_a_proxy_is_configured(openai_server, openai_settings, monkeypatch):

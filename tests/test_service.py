@@ -215,6 +215,41 @@ def test_model_request_failures_do_not_show_the_endpoint_or_its_error_body(servi
     assert errors and set(errors) == {"ModelRequestError"}
 
 
+@pytest.mark.parametrize(("failure", "said"), [("timeout", "timed out"), ("connection", "connection failed"),
+                                                ("malformed", "malformed response"), ("other", "no response")])
+def test_a_model_failure_without_a_status_is_told_by_its_kind_not_its_text(service_settings, live_server, failure, said):
+    """The client learns what kind of failure it was from the error's `failure`, whatever its
+    message says (here a message that would read as another kind)."""
+    from drift_lance.models.base import ModelRequestError
+    from drift_lance.testing import ScriptedChatModel
+
+    misleading = "chat model 'm' at http://10.1.2.3:8080/v1 failed: connection failed, request timed out"
+    srv = start(live_server, service_settings, ScriptedChatModel(lambda *a: ModelRequestError(misleading, failure=failure)))
+    with srv.client() as client:
+        failed = client.post("/v1/search", json={"query": "q", "method": "local"})
+    assert failed.status_code == 502
+    assert _error(failed)["message"] == f"the model request failed ({said}); details are in the server log"
+
+
+def test_a_request_the_http_parser_refuses_gets_the_json_error_shape(service_settings, live_server):
+    """A header line without a colon never reaches the app (the HTTP parser refuses it); the 400
+    still comes in the one error shape clients parse, and the connection is closed."""
+    import json
+    import socket
+
+    app = create_app(service_settings, backend=make_backend(service_settings))
+    server = live_server(app, settings=service_settings)  # uvicorn configured as `drift-lance serve` does
+    host, port = server.base_url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nnot a header\r\n\r\n")
+        received = b""
+        while chunk := conn.recv(4096):  # the server closes the connection after answering
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower()
+    assert json.loads(body)["error"]["code"] == "invalid_http"
+
+
 def test_slow_senders_lose_their_connection(service_settings, live_server):
     """Headers trickled a byte at a time, or a body that stops halfway, must not hold a connection
     (or, hundreds of them, every socket the server has): headers get `request_read_timeout_seconds`
@@ -653,7 +688,7 @@ def test_schema_fuzzing_finds_no_server_errors(service_settings, live_server):
     from schemathesis import GenerationMode
 
     app = create_app(service_settings, backend=make_backend(service_settings, scripted_drift_model()))
-    srv = live_server(app)
+    srv = live_server(app, settings=service_settings)  # uvicorn as `drift-lance serve` configures it
     schema = schemathesis.openapi.from_dict(app.openapi())
     failures: list[str] = []
     statuses: set[int] = set()

@@ -15,6 +15,8 @@ from drift_lance.models.base import (
     EmbedKind,
     Message,
     ModelError,
+    ModelRequestError,
+    RequestFailure,
     StructuredOutputError,
     Usage,
 )
@@ -36,7 +38,9 @@ __all__ = [
     "Embedder",
     "Message",
     "ModelError",
+    "ModelRequestError",
     "ModelSettings",
+    "RequestFailure",
     "StructuredOutputError",
     "Tokenizer",
     "Usage",

@@ -72,13 +72,20 @@ class ModelError(RuntimeError):
     """A model call failed for good (after retries) or returned output that could not be used."""
 
 
+RequestFailure = Literal["status", "timeout", "connection", "malformed", "other"]
+
+
 class ModelRequestError(ModelError):
     """An HTTP call to the model endpoint failed for good. `status` is the HTTP status (None for
-    timeouts and connection errors); `attempts` how many requests were made."""
+    timeouts and connection errors); `failure` what kind of failure it was (an HTTP error status, a
+    timeout, a refused or dropped connection, a response body that is not what the protocol says, or
+    something else), for callers that report it without the message, which names the endpoint and
+    may quote its error body; `attempts` how many requests were made."""
 
-    def __init__(self, message: str, *, status: int | None = None, attempts: int = 1):
+    def __init__(self, message: str, *, status: int | None = None, failure: RequestFailure | None = None, attempts: int = 1):
         super().__init__(message)
         self.status = status
+        self.failure: RequestFailure = failure or ("status" if status is not None else "other")
         self.attempts = attempts
 
 

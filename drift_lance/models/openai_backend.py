@@ -45,7 +45,7 @@ from tenacity.wait import wait_base
 
 from drift_lance.config.models import ModelSettings
 from drift_lance.errors import first_cause
-from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, ModelRequestError, Usage
+from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, ModelRequestError, RequestFailure, Usage
 from drift_lance.models.compat import native_dimension
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
 from drift_lance.models.structured import parse_structured, response_format_for, schema_instruction
@@ -128,21 +128,22 @@ class _BackoffWait(wait_base):
         return random.uniform(0, min(exp, self.cap))
 
 
-def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None]:
+def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, RequestFailure]:
+    """(reason for the log and the error message, HTTP status or None, kind of failure)."""
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
         root = _root_cause(exc)
         # The SDK's aiohttp transport reports a refused or dropped connection as a connect timeout.
         if isinstance(root, ConnectionError) or (type(root).__module__.startswith("aiohttp") and not isinstance(root, TimeoutError)):
-            return f"connection failed: {root}", None
-        return f"request timed out after {timeout:g}s", None
+            return f"connection failed: {root}", None, "connection"
+        return f"request timed out after {timeout:g}s", None, "timeout"
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
-        return f"malformed response body: {exc}", None
+        return f"malformed response body: {exc}", None, "malformed"
     if isinstance(exc, openai.APIStatusError):
-        return f"HTTP {exc.status_code}: {_error_message(exc)}", exc.status_code
+        return f"HTTP {exc.status_code}: {_error_message(exc)}", exc.status_code, "status"
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__ or exc
-        return f"connection failed: {cause}", None
-    return f"{type(exc).__name__}: {exc}", None
+        return f"connection failed: {cause}", None, "connection"
+    return f"{type(exc).__name__}: {exc}", None, "other"
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -262,10 +263,11 @@ class _Endpoint:
                             return await request(client)
         except (openai.APIError, TimeoutError, json.JSONDecodeError) as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
-            reason, status = _describe(exc, s.request_timeout)
+            reason, status, failure = _describe(exc, s.request_timeout)
             tries = f" after {attempts} attempts" if attempts > 1 else ""
             raise ModelRequestError(
-                f"{what} {self.model!r} at {self.endpoint} failed{tries}: {reason}", status=status, attempts=attempts
+                f"{what} {self.model!r} at {self.endpoint} failed{tries}: {reason}", status=status, failure=failure,
+                attempts=attempts,
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 
@@ -420,7 +422,7 @@ class OpenAIChatModel:
         if not isinstance(response, dict):
             raise ModelRequestError(
                 f"chat model {self.model_id!r} at {endpoint.endpoint} failed: malformed response body: "
-                f"expected a JSON object, got {type(response).__name__}"
+                f"expected a JSON object, got {type(response).__name__}", failure="malformed"
             )
         return response
 
@@ -540,9 +542,9 @@ class OpenAIChatStream(GeneratorStream):
                             parts.append(delta)
                             yield delta
             except openai.APIError as exc:
-                reason, status = _describe(exc, model.settings.request_timeout)
+                reason, status, failure = _describe(exc, model.settings.request_timeout)
                 raise ModelRequestError(
-                    f"chat model {model.model_id!r} stream failed: {reason}", status=status
+                    f"chat model {model.model_id!r} stream failed: {reason}", status=status, failure=failure
                 ) from exc
             finally:
                 await sdk_stream.close()

@@ -415,12 +415,14 @@ def _map_search_error(exc: BaseException) -> ApiError:
     return ApiError(500, "internal", f"search failed: {type(exc).__name__}")
 
 
+_FAILURE_WORDS = {"timeout": "timed out", "connection": "connection failed", "malformed": "malformed response"}
+
+
 def _request_failure(exc: ModelRequestError) -> str:
     """What went wrong with a model request, without the endpoint or the upstream body."""
     if exc.status is not None:
         return f"HTTP {exc.status}"
-    text = str(exc)
-    return "timed out" if "timed out" in text else "connection failed" if "connection failed" in text else "no response"
+    return _FAILURE_WORDS.get(exc.failure, "no response")
 
 
 def _public_result(result: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 from typing import Any
@@ -12,6 +13,7 @@ from fastapi import FastAPI
 
 from drift_lance.config.settings import Settings
 from drift_lance.service.backend import SearchBackend
+from drift_lance.service.errors import ApiError
 
 log = logging.getLogger("drift_lance.service")
 
@@ -33,20 +35,21 @@ def build_server(settings: Settings, *, app: FastAPI | None = None, backend: Sea
         # Clients' requests must be bounded too: headers and idle keep-alive connections.
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=64 * 1024,
-        http=_protocol_with_header_deadline(cfg.request_read_timeout_seconds),
+        http=_service_protocol(cfg.request_read_timeout_seconds),
     )
     return ServiceServer(config)
 
 
-def _protocol_with_header_deadline(seconds: float) -> type:
+def _service_protocol(seconds: float) -> type:
     """uvicorn's h11 protocol, closing a connection whose request headers have not all arrived
-    `seconds` after it opened or after its previous response. uvicorn times out idle keep-alive
-    connections only, and any byte received cancels that, so a client sending a header byte every
-    few seconds held its connection forever (hundreds of them starved the server of sockets)."""
+    `seconds` after it opened or after its previous response, and answering a request it cannot
+    parse in the service's JSON error shape. uvicorn times out idle keep-alive connections only, and
+    any byte received cancels that, so a client sending a header byte every few seconds held its
+    connection forever (hundreds of them starved the server of sockets)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeaderDeadlineProtocol(H11Protocol):
+    class ServiceProtocol(H11Protocol):
         _header_deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -81,7 +84,19 @@ def _protocol_with_header_deadline(seconds: float) -> type:
                 log.info("closing a connection whose request headers did not arrive within %gs", seconds)
                 self.transport.close()
 
-    return HeaderDeadlineProtocol
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a malformed request line or header (h11 refused it), which it
+            sends as plain text: the same 400, in the JSON error shape every other error has."""
+            payload = ApiError(400, "invalid_http", "malformed HTTP request: its request line or a header cannot be parsed").payload()
+            body = json.dumps(payload).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return ServiceProtocol
 
 
 class ServiceServer(uvicorn.Server):
