@@ -643,6 +643,28 @@ def test_shutdown_lets_in_flight_search_finish_within_grace(service_settings, li
     assert model.cancelled == 0
 
 
+def test_shutdown_cancels_a_hung_reload_after_grace_with_a_json_answer(service_settings, live_server):
+    """A reload stuck on the store (an object store that stopped answering) is cancelled with the
+    searches past the grace period; its request gets the JSON error, not uvicorn's plain-text 500."""
+    backend = make_backend(service_settings)
+    started = threading.Event()
+
+    async def hung_reload():
+        started.set()
+        await asyncio.Event().wait()
+
+    backend.reload = hung_reload
+    srv = live_server(create_app(service_settings, backend=backend), grace=1.0)
+    results: list[httpx.Response] = []
+    thread = _post_in_thread(srv, "/v1/admin/reload", {}, results)
+    assert started.wait(30)
+    srv.server.should_exit = True
+    srv.thread.join(60)
+    thread.join(60)
+    assert not srv.thread.is_alive(), "server did not stop after its grace period"
+    assert results and results[0].status_code == 503 and _error(results[0])["code"] == "cancelled"
+
+
 def test_shutdown_cancels_searches_still_running_after_grace(service_settings, live_server):
     """Past the grace period the searches are cancelled, and each request still gets its answer:
     the JSON error, or the stream's final `error` event."""

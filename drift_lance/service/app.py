@@ -328,12 +328,24 @@ def _admin_routes(state: _ServiceState) -> APIRouter:
         reload_backend = getattr(state.backend, "reload", None)
         if reload_backend is None:
             raise ApiError(501, "not_supported", "this search backend cannot reload its index")
+        # A task shutdown can cancel past its grace period, as it does searches: the request then
+        # still answers in the JSON error shape (uvicorn's own cancellation gives a plain-text 500).
+        task = asyncio.create_task(reload_backend())
+        state.slots.track(task)
         try:
-            result = await reload_backend()
-        except Exception as exc:  # noqa: BLE001 - the old generation keeps serving
+            await asyncio.wait({task})
+        finally:
+            if not task.done():  # this request itself was cancelled
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            raise ApiError(503, "cancelled", "reload cancelled: server shutting down; the previous generation was still served")
+        exc = task.exception()
+        if exc is not None:  # the old generation keeps serving
             message = " ".join(str(exc).split()) or type(exc).__name__
             log.warning("reload failed: %s", message)
             raise ApiError(503, "reload_failed", f"still serving the previous generation: {message}") from exc
+        result = task.result()
         return ReloadStatus(
             switched=result.switched,
             previous_generation=result.previous_generation,

@@ -87,8 +87,8 @@ def _check_cap(key: str, value: Any, caps: RequestCaps) -> None:
 
 class SearchSlots:
     """At most `limit` searches at once; a request beyond that is refused at once (429), never queued,
-    so a saturated server answers fast and clients back off. Also tracks the running search tasks so
-    shutdown can cancel stragglers."""
+    so a saturated server answers fast and clients back off. Also tracks the running search (and
+    reload) tasks so shutdown can cancel stragglers."""
 
     def __init__(self, limit: int, retry_after_seconds: int):
         self.limit = limit

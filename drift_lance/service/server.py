@@ -130,7 +130,7 @@ def _cancel_at(grace: float) -> float:
 async def _cancel_searches_after(state: Any, delay: float) -> None:
     await asyncio.sleep(delay)
     if state.slots.tasks:
-        log.warning("shutdown: cancelling %d search(es) still running after the grace period", len(state.slots.tasks))
+        log.warning("shutdown: cancelling %d search(es) or reload(s) still running after the grace period", len(state.slots.tasks))
     await state.slots.cancel_all()
 
 
