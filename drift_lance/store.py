@@ -124,4 +124,9 @@ class IndexStore(Protocol):
 
     async def count(self, table: str) -> int: ...
 
+    async def check_readable(self, table: str) -> None:
+        """Read a little of every object (data, deletion and index files) of the table's pinned
+        version; StoreError naming the table if one is missing or unreadable."""
+        ...
+
     async def close(self) -> None: ...

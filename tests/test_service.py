@@ -373,6 +373,36 @@ def test_a_new_generation_the_query_embedder_does_not_fit_is_not_switched_to(tmp
         assert client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"}).status_code == 200
 
 
+def test_a_new_generation_with_a_missing_file_is_not_switched_to(tmp_path, service_settings, live_server):
+    """A new generation whose entity data file is missing (a partial copy or replication of the
+    database) is refused with the table named, the previous generation keeps serving, and once the
+    file is there the next reload switches."""
+    import ingest
+    from drift_lance.sample.builder import build_sample_index
+    from drift_lance.service.engine import EngineBackend
+    from drift_lance.testing import HashEmbedder
+
+    source = build_sample_index(tmp_path / "graphrag")
+    db = tmp_path / "db"
+    ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
+    settings = service_settings.with_updates({"db": str(db), "store.reload_interval_seconds": 0})
+    srv = live_server(create_app(settings, backend=EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))))
+    data = db / "entities.lance" / "data"
+    before = set(data.iterdir())
+    ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
+    (written, *_) = sorted(set(data.iterdir()) - before)
+    written.rename(tmp_path / "elsewhere")
+    with srv.client() as client:
+        reload = client.post("/v1/admin/reload")
+        assert reload.status_code == 503 and _error(reload)["code"] == "reload_failed"
+        assert "table 'entities'" in _error(reload)["message"]
+        assert client.get("/v1/index").json()["generation"] == 1
+        assert client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"}).status_code == 200
+        (tmp_path / "elsewhere").rename(written)
+        assert client.post("/v1/admin/reload").json()["switched"] is True
+        assert client.get("/v1/index").json()["generation"] == 2
+
+
 # ------------------------------------------------------------------------------------------ auth
 
 

@@ -1,10 +1,10 @@
 """Serving one index across ingests: switch to a newer manifest generation without dropping queries.
 
 A replica holds the store of generation G. `reload()` reads the manifest table; when a newer complete
-generation exists it opens a store pinned to it, opens every table (so a generation whose files are
-unreadable is never switched to), then makes it current. Searches lease the current store for their
-whole run (`async with stores.lease() as store`), so a search that started on G finishes on G; the
-G store is closed once its last lease is returned. `run_periodic` repeats the check on an interval.
+generation exists it opens a store pinned to it, opens every object of every table (so a generation
+with a missing or unreadable file is never switched to), then makes it current. Searches lease the
+current store for their whole run (`async with stores.lease() as store`), so a search that started
+on G finishes on G; the G store is closed once its last lease is returned. `run_periodic` repeats the check on an interval.
 
 Nothing here is shared between replicas: each one polls the same manifest table, so N replicas
 behind a load balancer converge on the newest generation within one interval.
@@ -128,9 +128,10 @@ class ServingStores:
 
 
 async def _open_every_table(store: Any) -> None:
-    """Open every table at its pinned version: a generation that cannot be read is not switched to."""
+    """Open every table at its pinned version and every object of it: a generation that cannot be
+    read whole (a data or index file missing) is not switched to."""
     for table in store.manifest.tables:
-        await store.count(table)
+        await store.check_readable(table)
 
 
 async def _close_quietly(store: Any) -> None:
