@@ -130,8 +130,12 @@ class ServingStores:
 async def _open_every_table(store: Any) -> None:
     """Open every table at its pinned version and every object of it: a generation that cannot be
     read whole (a data or index file missing) is not switched to."""
-    for table in store.manifest.tables:
-        await store.check_readable(table)
+    # Concurrently (on object storage each table costs one round trip per object), and every check
+    # ends before the first failure is raised: no read still running against a store being closed.
+    checks = await asyncio.gather(*(store.check_readable(t) for t in store.manifest.tables), return_exceptions=True)
+    for failure in checks:
+        if isinstance(failure, BaseException):
+            raise failure
 
 
 async def _close_quietly(store: Any) -> None:
