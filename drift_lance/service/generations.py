@@ -4,7 +4,8 @@ A replica holds the store of generation G. `reload()` reads the manifest table; 
 generation exists it opens a store pinned to it, opens every object of every table (so a generation
 with a missing or unreadable file is never switched to), then makes it current. Searches lease the
 current store for their whole run (`async with stores.lease() as store`), so a search that started
-on G finishes on G; the G store is closed once its last lease is returned. `run_periodic` repeats the check on an interval.
+on G finishes on G; the G store is closed once its last lease is returned. `run_periodic` repeats
+the check on an interval.
 
 Nothing here is shared between replicas: each one polls the same manifest table, so N replicas
 behind a load balancer converge on the newest generation within one interval.
