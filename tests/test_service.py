@@ -142,6 +142,24 @@ def test_index_health_and_readiness(server):
     assert "Retry-After" in schema["paths"]["/v1/search"]["post"]["responses"]["429"]["headers"]
 
 
+def test_openapi_gives_config_the_fields_of_the_request_method(server):
+    """A generated client learns which `config` fields each method takes: DRIFT's for drift (the
+    default), local search's for local; the server refuses the same bodies the document does."""
+    import jsonschema
+
+    with server.client() as client:
+        document = client.get("/openapi.json").json()
+        schema = {**document["components"]["schemas"]["SearchRequest"], "components": document["components"]}
+        validator = jsonschema.Draft202012Validator(schema)
+        for body, valid in [({"query": "q", "config": {"n_depth": 1}}, True),
+                            ({"query": "q", "method": "local", "config": {"top_k_entities": 5}}, True),
+                            ({"query": "q", "method": "local", "config": {"n_depth": 1}}, False),
+                            ({"query": "q", "config": {"top_k_entities": 5}}, False)]:
+            assert validator.is_valid(body) is valid, body
+            answer = client.post("/v1/search", json=body)
+            assert (answer.status_code == 200) is valid, (body, answer.text)
+
+
 def test_ready_service_exempts_its_start_up_objects_from_garbage_collection(service_settings, live_server, unfrozen_gc):
     """Full collections would otherwise walk every import-time object and stop the event loop for
     ~0.1 s every few searches."""

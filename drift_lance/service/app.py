@@ -39,19 +39,26 @@ log = logging.getLogger("drift_lance.service")
 OPEN_PATHS = ("/healthz", "/readyz")
 
 
-def _override_properties() -> dict[str, Any]:
-    """JSON schema of every per-request overridable field (DRIFT's and local search's), so the
-    OpenAPI document tells clients what `config` accepts."""
-    properties: dict[str, Any] = {}
-    for model in (DRIFTSearchConfig, LocalSearchConfig):
-        schema = model.model_json_schema()["properties"]
-        for name in sorted(overridable_fields(model, RequestCaps().server_only)):
-            properties.setdefault(name, schema[name])
-    return properties
+def _override_properties(model: type[BaseModel]) -> dict[str, Any]:
+    """JSON schema of every field of `model` a request may override."""
+    schema = model.model_json_schema()["properties"]
+    return {name: schema[name] for name in sorted(overridable_fields(model, RequestCaps().server_only))}
+
+
+def _config_by_method() -> dict[str, Any]:
+    """`config`'s fields per method, for the OpenAPI document: DRIFTSearchConfig's for drift (the
+    default method), LocalSearchConfig's for local. The `config` property itself lists the union,
+    for clients that do not read `if`/`then`."""
+
+    def config_of(model: type[BaseModel]) -> dict[str, Any]:
+        return {"properties": {"config": {"properties": _override_properties(model), "additionalProperties": False}}}
+
+    local = {"properties": {"method": {"const": "local"}}, "required": ["method"]}
+    return {"allOf": [{"if": local, "then": config_of(LocalSearchConfig), "else": config_of(DRIFTSearchConfig)}]}
 
 
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_config_by_method())
 
     query: str = Field(..., min_length=1, description="The question. Length is capped by the server.")
     method: Literal["drift", "local"] = Field("drift", description="Search method.")
@@ -60,7 +67,8 @@ class SearchRequest(BaseModel):
         description="Per-request overrides of numeric/boolean fields of the method's config "
         "(DRIFTSearchConfig fields for drift, LocalSearchConfig fields for local), within the server's "
         "caps; other fields are rejected with 422.",
-        json_schema_extra={"properties": _override_properties(), "additionalProperties": False},
+        json_schema_extra={"properties": {**_override_properties(DRIFTSearchConfig), **_override_properties(LocalSearchConfig)},
+                           "additionalProperties": False},
     )
 
 
