@@ -578,10 +578,6 @@ def _exact_index_from_arrow(arrow: pa.Table, uri: str, table: str, *, screen: bo
 
 def _open_every_object(dataset: Any) -> None:
     """Read a little of every file of a Lance dataset version (blocking; see `check_readable`)."""
-    import os
-
-    # Index statistics would carry (and Lance warns about) an IVF index's centroids: not needed here.
-    os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
     names = dataset.schema.names
     for fragment in dataset.get_fragments():
         if fragment.count_rows():  # applies the fragment's deletion file, if it has one

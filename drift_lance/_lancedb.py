@@ -15,6 +15,11 @@ Lance sizes its CPU pool as the cores minus two kept for IO (at least one thread
 page cache or object-store requests that wait on the network, so on small machines that kept a core
 idle while a DRIFT epoch's ANN queries queued on one thread; the pool gets every usable core unless
 `LANCE_CPU_THREADS` is set (read once, when Lance first runs CPU work).
+
+Index statistics (which a reload reads to check that every index file of a new generation is there)
+leave out an IVF index's centroids, as Lance will by default, unless `LANCE_INCLUDE_VECTOR_CENTROIDS`
+is set: with them Lance warns on every call. Both variables are set here, at import, before any Lance
+thread runs: setting the environment later, from Python, races with Rust threads reading it.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ def _unchecked_overrides() -> Iterator[None]:
 # 10^6 x 1536 entities on 2 cores: an epoch's 20 ANN queries 191-207 -> 127-133 ms, 8 concurrent
 # queries 106-108 -> 131-137 QPS, a single query unchanged (it runs on one thread either way).
 os.environ.setdefault("LANCE_CPU_THREADS", str(usable_cores()))
+os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
 _defer_package_init(_CLIENT)
 with _unchecked_overrides():
     import lancedb
