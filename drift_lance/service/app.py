@@ -28,7 +28,7 @@ from drift_lance.drift.result import SearchResult
 from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
 from drift_lance.models.base import ModelError, ModelRequestError
 from drift_lance.service.backend import Method, SearchBackend
-from drift_lance.service.errors import ApiError, error_responses, install_error_handlers
+from drift_lance.service.errors import ApiError, cancelled_by_shutdown, error_responses, install_error_handlers
 from drift_lance.service.events import add_stream_events
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
@@ -347,7 +347,7 @@ def _admin_routes(state: _ServiceState) -> APIRouter:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         if task.cancelled():
-            raise ApiError(503, "cancelled", "reload cancelled: server shutting down; the previous generation was still served")
+            raise cancelled_by_shutdown("reload", "the previous generation was still served")
         exc = task.exception()
         if exc is not None:  # the old generation keeps serving
             message = " ".join(str(exc).split()) or type(exc).__name__
@@ -401,7 +401,7 @@ async def _await_unless_disconnected(task: asyncio.Task, request: Request, timeo
         done, _ = await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             if task.cancelled():  # by the server's shutdown, past its grace period
-                raise ApiError(503, "cancelled", "search cancelled: server shutting down")
+                raise cancelled_by_shutdown("search")
             return task.result()
         if gone in done:
             log.info("client disconnected; cancelling its search")

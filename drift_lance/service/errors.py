@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -48,6 +49,19 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.payload(), status_code=self.status, headers=self.headers)
+
+    def closing_response(self) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """Raw headers and body of this error, answered by a layer below the app (a refused body, a
+        request the HTTP parser refused), after which the server closes the connection."""
+        body = json.dumps(self.payload()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        return headers, body
+
+
+def cancelled_by_shutdown(what: str, note: str = "") -> ApiError:
+    """The answer for a `what` ("search", "reload") that shutdown cancelled past its grace period."""
+    return ApiError(503, "cancelled", f"{what} cancelled: server shutting down" + (f"; {note}" if note else ""))
 
 
 def _utf8_safe(text: str) -> str:

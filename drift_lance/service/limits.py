@@ -178,16 +178,9 @@ class BodySizeLimit:
         return ApiError(413, "body_too_large", f"request body exceeds {self.max_bytes} bytes", field="body")
 
     async def _refuse(self, send: Send, err: ApiError) -> None:
-        payload = json.dumps(err.payload()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": err.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            (b"connection", b"close")],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+        headers, body = err.closing_response()
+        await send({"type": "http.response.start", "status": err.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 def _content_length(scope: Scope) -> int | None:

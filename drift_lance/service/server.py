@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
 from typing import Any
@@ -87,10 +86,8 @@ def _service_protocol(seconds: float) -> type:
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to a malformed request line or header (h11 refused it), which it
             sends as plain text: the same 400, in the JSON error shape every other error has."""
-            payload = ApiError(400, "invalid_http", "malformed HTTP request: its request line or a header cannot be parsed").payload()
-            body = json.dumps(payload).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                       (b"connection", b"close")]
+            refusal = ApiError(400, "invalid_http", "malformed HTTP request: its request line or a header cannot be parsed")
+            headers, body = refusal.closing_response()
             for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
                           h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))

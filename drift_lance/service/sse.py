@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from drift_lance.drift.result import SearchResult
 from drift_lance.service.backend import EventSink, SearchEvent
-from drift_lance.service.errors import ApiError
+from drift_lance.service.errors import ApiError, cancelled_by_shutdown
 from drift_lance.service.events import done_event
 
 log = logging.getLogger("drift_lance.service")
@@ -132,7 +132,7 @@ class SearchEventStream:
             event = queue.get_nowait()
             await emit(event.event, event.data)
         if search.cancelled():  # e.g. the server is shutting down past its grace period
-            await emit("error", ApiError(503, "cancelled", "search cancelled: server shutting down").payload())
+            await emit("error", cancelled_by_shutdown("search").payload())
         elif (exc := search.exception()) is None:
             await emit("done", done_event(search.result()))
         else:
