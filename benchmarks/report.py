@@ -86,13 +86,10 @@ STARTUP_TARGET_RSS_MB = 1024.0
 def _targets_section(out: Path) -> str:
     """Each target, judged from the records in `out`, measured separately and (for retrieval)
     alternating query by query with numpy; a target whose case was not run says which command runs it."""
-    rows = [_speedup_target(out), *(_parity_target(out, dim) for dim in (384, 1536)), *_drift_targets(out),
+    retrieval = {(r["rows"], r["dim"], r["method"]): r for r in load_records(out, "retrieval")}
+    rows = [_speedup_target(retrieval), *(_parity_target(retrieval, dim) for dim in (384, 1536)), *_drift_targets(out),
             _startup_target(out)]
     return "## Targets (issue 7)\n\n" + _table(["target", "measured", "verdict"], rows) + "\n"
-
-
-def _retrieval_record(out: Path, rows: int, dim: int, method: str) -> dict[str, Any] | None:
-    return next((r for r in load_records(out, "retrieval") if (r["rows"], r["dim"], r["method"]) == (rows, dim, method)), None)
 
 
 def _verdict(separately: bool, alternating: bool | None) -> str:
@@ -103,11 +100,11 @@ def _verdict(separately: bool, alternating: bool | None) -> str:
     return "met separately, missed alternating" if separately else "missed"
 
 
-def _speedup_target(out: Path) -> list[str]:
+def _speedup_target(retrieval: dict[tuple[int, int, str], dict[str, Any]]) -> list[str]:
     target = f"10^6 x 1536: >= {SPEEDUP_TARGET:g}x faster than numpy, recall@10 >= {RECALL_TARGET}"
-    numpy = _retrieval_record(out, 1_000_000, 1536, "numpy_exact")
+    numpy = retrieval.get((1_000_000, 1536, "numpy_exact"))
     engines = [r for method in ("engine", f"engine_target_{RECALL_TARGET}")
-               if (r := _retrieval_record(out, 1_000_000, 1536, method)) and (r["recall_at_10"] or 0) >= RECALL_TARGET]
+               if (r := retrieval.get((1_000_000, 1536, method))) and (r["recall_at_10"] or 0) >= RECALL_TARGET]
     if numpy is None or not engines:
         return [target, "not measured: `python -m benchmarks retrieval --rows 1000000 --dim 1536`", "-"]
     best = min(engines, key=lambda r: r["p50_ms"])
@@ -119,9 +116,9 @@ def _speedup_target(out: Path) -> list[str]:
     return [target, measured, _verdict(speedup >= SPEEDUP_TARGET, None if paired is None else paired >= SPEEDUP_TARGET)]
 
 
-def _parity_target(out: Path, dim: int) -> list[str]:
+def _parity_target(retrieval: dict[tuple[int, int, str], dict[str, Any]], dim: int) -> list[str]:
     target = f"10^4 x {dim}: no slower than numpy"
-    numpy, engine = (_retrieval_record(out, 10_000, dim, m) for m in ("numpy_exact", "engine"))
+    numpy, engine = (retrieval.get((10_000, dim, m)) for m in ("numpy_exact", "engine"))
     if numpy is None or engine is None:
         return [target, f"not measured: `python -m benchmarks retrieval --rows 10000 --dim {dim}`", "-"]
     ratio = engine["p50_ms"] / numpy["p50_ms"]

@@ -100,18 +100,20 @@ async def test_search_many_matches_one_search_per_query(dulce_store, exact_path)
         await dulce_store.search_many("entities", np.ones((2, 384), dtype=np.float32), 3)
 
 
+def _blas_threads() -> list[int]:
+    """The BLAS libraries' thread settings, which user code in the process shares."""
+    from threadpoolctl import threadpool_info
+
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
 async def test_batched_search_leaves_the_blas_thread_setting_as_it_was(dulce_store):
     """A batch of queries is scored on one BLAS thread; the process's BLAS thread count (which
     user code shares) is the same afterwards, and so are the scores."""
-    from threadpoolctl import threadpool_info
-
-    def blas_threads():
-        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
-
     queries = np.random.default_rng(5).standard_normal((4, 3072)).astype(np.float32)
-    before = blas_threads()
+    before = _blas_threads()
     batched = await dulce_store.search_many("entities", queries, 5, columns=["id"])
-    assert blas_threads() == before
+    assert _blas_threads() == before
     singles = [await dulce_store.search("entities", query, 5, columns=["id"]) for query in queries]
     assert [f["id"].to_list() for f in batched] == [f["id"].to_list() for f in singles]
 
@@ -122,11 +124,6 @@ def test_single_queries_leave_no_blas_thread_spinning(screen):
     for more work: a service answering a query every few dozen ms kept a second core busy. Single
     queries are scored without it, screened or not (a matrix over the screening size without its
     codes), so the process is idle once a query has returned; the scores are a plain product's."""
-    from threadpoolctl import threadpool_info
-
-    def blas_threads():
-        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
-
     rng = np.random.default_rng(12)
     rows = rng.standard_normal((3 * _exact.SCREEN_MIN_VALUES // 1024, 1024)).astype(np.float32)
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)
@@ -134,9 +131,9 @@ def test_single_queries_leave_no_blas_thread_spinning(screen):
     assert (matrix.codes is not None) is screen
     queries = rng.standard_normal((20, 1024)).astype(np.float32)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    before = blas_threads()
+    before = _blas_threads()
     found = [matrix.top_k(query[None, :], 5)[0][0].tolist() for query in queries]
-    assert blas_threads() == before
+    assert _blas_threads() == before
     cpu = time.process_time()
     time.sleep(0.2)
     assert time.process_time() - cpu < 0.05  # a spinning helper burns ~0.1 s of it
