@@ -30,13 +30,16 @@ from drift_lance._blas import similarity_scores
 
 __all__ = ["ExactMatrix", "top_k_stable"]
 
-# Below this many values (rows x dim, 8 MB of float32) the matrix is scanned as is: screening pays
+# Below this many values (rows x dim, 3 MB of float32) the matrix is scanned as is: screening pays
 # for its fixed per-query steps from about there. Measured per query against the float32 product on
-# one BLAS thread (`_blas.py` says why one): 2,500 x 384 68 / 69 us, 10^4 x 384 145 / 191 us,
-# 5,000 x 768 137 / 176 us, 10^4 x 1536 465 / 1,512 us (AMD EPYC, 32 MB L3).
-SCREEN_MIN_VALUES = 2_000_000
+# one BLAS thread (`_blas.py` says why one): 1,000 x 384 37 / 39 us, 2,000 x 384 47 / 61 us,
+# 10^4 x 384 ~120 / 191 us, 1,000 x 1,536 75 / 94 us (AMD EPYC, 32 MB L3).
+SCREEN_MIN_VALUES = 750_000
 # Larger batches are scored with one float32 product (20 x 10^4 x 1536: 9 ms, screened 11.6 ms).
 SCREEN_MAX_QUERIES = 1
+# A unit query's float32 norm is within ~1e-7 of 1; the residual norms are stored times this, so
+# |q| |v - v'| needs no per-query pass over the rows (a query over it still gets the exact bound).
+QUERY_NORM_ROOM = 1.0 + 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +53,9 @@ class ExactMatrix:
     vectors: np.ndarray | None = None  # (rows, dim) float32: screened
     codes: np.ndarray | None = None  # (rows, dim) int8, vectors ~ codes * scales[:, None]
     scales: np.ndarray | None = None  # (rows,) float64
-    residual_norms: np.ndarray | None = None  # (rows,) |v - v'|, rounded up
+    residual_norms: np.ndarray | None = None  # (rows,) |v - v'| x QUERY_NORM_ROOM, rounded up
     code_norms: np.ndarray | None = None  # (rows,) |v'|, rounded up
+    max_code_norm: float = 0.0  # the largest of code_norms
 
     @classmethod
     def build(cls, matrix: np.ndarray, row_ids: np.ndarray, *, screen: bool = True) -> ExactMatrix:
@@ -71,7 +75,8 @@ class ExactMatrix:
             residual[block] = np.linalg.norm(vectors[block] - decoded, axis=1)
         up = 1.0 + 1e-9  # the norms are float64 sums: round them up, never down
         return cls(row_ids=row_ids, vectors=vectors, codes=codes, scales=scales,
-                   residual_norms=residual * up, code_norms=norms * up)
+                   residual_norms=residual * (up * QUERY_NORM_ROOM), code_norms=norms * up,
+                   max_code_norm=float(np.max(norms, initial=0.0)) * up)
 
     @staticmethod
     def estimated_bytes(rows: int, dim: int, *, screened: bool = True) -> int:
@@ -103,42 +108,43 @@ class ExactMatrix:
         # Rows that can make the top k, then their scores row by row: `_row_scores` rounds a row
         # the same wherever it sits among the candidates, so equal rows tie (BLAS's gemv does not).
         if len(queries) <= SCREEN_MAX_QUERIES:
-            candidates = self._screen(queries, k, excluded)
+            candidates = [self._screen(query, k, excluded) for query in queries]
         else:  # one blocked float32 product for a batch beats screening each query
             candidates = self._candidates_by_product(queries, k, excluded)
-        positions, similarities = [], []
-        for query, rows in zip(queries, candidates, strict=True):
+        positions = np.empty((len(queries), k), dtype=np.int64)
+        similarities = np.empty((len(queries), k), dtype=np.float32)
+        for i, (query, rows) in enumerate(zip(queries, candidates, strict=True)):
             exact = _row_scores(self.vectors[rows], query)
             top = top_k_stable(exact, k)
-            positions.append(rows[top])
-            similarities.append(exact[top])
-        return np.stack(positions), np.stack(similarities)
+            positions[i] = rows[top]
+            similarities[i] = exact[top]
+        return positions, similarities
 
-    def _screen(self, queries: np.ndarray, k: int, excluded: np.ndarray | None) -> list[np.ndarray]:
-        """Per query, ascending positions of every row whose int8-screened score plus its error
-        bound (its ceiling) reaches the smallest float32 score among the k rows of highest ceiling."""
+    def _screen(self, query: np.ndarray, k: int, excluded: np.ndarray | None) -> np.ndarray:
+        """Ascending positions of every row whose int8-screened score plus its error bound (its
+        ceiling) reaches the smallest float32 score among the k rows of highest ceiling. `query`: one unit
+        vector; every step is one pass over the rows, the int8 products (~9 ns a row) the main one."""
         assert self.vectors is not None and self.scales is not None
         assert self.residual_norms is not None and self.code_norms is not None
-        query_codes, query_scales = _quantize(queries)
-        query_errors = np.linalg.norm(queries - query_codes.astype(np.float64) * query_scales[:, None], axis=1)
-        ceilings = self._int8_products(query_codes)
-        ceilings *= query_scales[:, None]
-        ceilings *= self.scales[None, :]
-        _without(ceilings, excluded)
-        query_norms = np.linalg.norm(queries.astype(np.float64), axis=1)
-        slack = _rounding_slack(queries.shape[1])
-        candidates = []
-        for query, ceiling, query_norm, query_error in zip(queries, ceilings, query_norms, query_errors, strict=True):
+        query_codes, query_scale, query_error = _quantize_one(query)
+        ceiling = self._int8_products(query_codes.reshape(1, -1))[0]
+        ceiling *= self.scales
+        ceiling *= query_scale
+        query_norm = float(np.linalg.norm(query.astype(np.float64)))
+        if query_norm <= QUERY_NORM_ROOM:  # residual_norms carry that much room already
+            ceiling += self.residual_norms
+        else:
             ceiling += query_norm * self.residual_norms
-            ceiling += query_error * self.code_norms
-            ceiling += slack
-            # Any k matching rows' float32 scores floor the k-th best; rows of high ceiling give a
-            # high floor, and one partition of the ceilings is all it costs.
-            cut = len(ceiling) - k
-            best = np.argpartition(ceiling, cut)[cut:] if cut > 0 else np.flatnonzero(ceiling > -np.inf)
-            floor = float(np.min(_row_scores(self.vectors[best], query)))
-            candidates.append(np.flatnonzero(ceiling >= floor))
-        return candidates
+        _without(ceiling[None, :], excluded)
+        # The per-row term |q - q'| |v'| is bounded by the largest |v'|, and that constant and the
+        # rounding slack move to the floor's side of the comparison: one pass less over the rows.
+        margin = query_error * self.max_code_norm + _rounding_slack(len(query))
+        # Any k matching rows' float32 scores floor the k-th best; rows of high ceiling give a
+        # high floor, and one partition of the ceilings is all it costs.
+        cut = len(ceiling) - k
+        best = np.argpartition(ceiling, cut)[cut:] if cut > 0 else np.arange(len(ceiling))
+        floor = float(np.min(_row_scores(self.vectors[best], query)))
+        return np.flatnonzero(ceiling >= floor - margin)
 
     def _candidates_by_product(self, queries: np.ndarray, k: int, excluded: np.ndarray | None) -> list[np.ndarray]:
         """Per query, ascending positions of every row whose float32 product score is within
@@ -159,6 +165,8 @@ class ExactMatrix:
 
 def top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k best scores, best first; equal scores keep table order."""
+    if scores.shape[0] <= 64:  # a screen's few candidates, a small table: one stable sort is cheaper
+        return np.argsort(-scores, kind="stable")[:k]
     if k < scores.shape[0]:
         # argpartition picks an arbitrary subset among ties at the cut: take everything >= the
         # k-th score, then sort stably so the lowest offsets win.
@@ -201,6 +209,17 @@ def _quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scales = np.where(peaks > 0, peaks / 127.0, 1.0)
     codes = np.rint(vectors / scales[:, None].astype(np.float32)).clip(-127, 127).astype(np.int8)
     return codes, scales
+
+
+def _quantize_one(vector: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """`_quantize` for one vector, in fewer steps (it is per query): its codes, scale, and the
+    float64 norm of what the codes miss, |v - codes * scale|."""
+    peak = float(np.max(np.abs(vector)))
+    if peak == 0.0:
+        return np.zeros(vector.shape, dtype=np.int8), 1.0, 0.0
+    scale = peak / 127.0
+    codes = np.rint(vector * np.float32(127.0 / peak)).astype(np.int8)  # |values| <= 127.0000x
+    return codes, scale, float(np.linalg.norm(vector - codes * scale))
 
 
 @functools.cache
