@@ -1,7 +1,7 @@
 """Exact top-k cosine search over a table's vectors held in memory.
 
 A float32 scan of 10^4 x 1536 vectors reads 61 MB per query and is bound by memory bandwidth
-(~0.9-1.5 ms). Matrices from 2M values are therefore screened first with int8 codes (a quarter of
+(~0.9-1.5 ms). Matrices from 750k values are therefore screened first with int8 codes (a quarter of
 the bytes; SimSIMD's integer dot product on one thread, ~0.35 ms), and only rows that could still be
 in the top k are scored in float32. The result is exact, not approximate: every row's screening
 error is bounded,
