@@ -122,8 +122,9 @@ class ExactMatrix:
 
     def _screen(self, query: np.ndarray, k: int, excluded: np.ndarray | None) -> np.ndarray:
         """Ascending positions of every row whose int8-screened score plus its error bound (its
-        ceiling) reaches the smallest float32 score among the k rows of highest ceiling. `query`: one unit
-        vector; every step is one pass over the rows, the int8 products (~9 ns a row) the main one."""
+        ceiling) reaches the smallest float32 score among the k rows of highest ceiling. `query`:
+        one unit vector. Each step is one pass over the rows; the int8 products (~9 ns a row at
+        384-d) are most of the time."""
         assert self.vectors is not None and self.scales is not None
         assert self.residual_norms is not None and self.code_norms is not None
         query_codes, query_scale, query_error = _quantize_one(query)
