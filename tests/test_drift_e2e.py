@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -186,6 +187,42 @@ async def test_bad_follow_up_answer_over_http_does_not_fail_the_query(
     assert failed["score"] == "-inf" and failed["metadata"]["error"]
     reduce_notes = openai_server.chat_requests[-1].messages[0]["content"]
     assert f"Finding for: {FOLLOW_REPORTS}" in reduce_notes and "cannot answer in JSON" not in reduce_notes
+
+
+class SlowBuilds:
+    """The search's context builder with each build holding the event loop for `seconds` after it
+    is done, as a CPU-heavy build does; records when each build ended (server clock)."""
+
+    def __init__(self, builder, seconds: float):
+        self.builder, self.seconds, self.ended = builder, seconds, []
+
+    def __getattr__(self, name):
+        return getattr(self.builder, name)
+
+    async def build(self, *args, **kwargs):
+        context = await self.builder.build(*args, **kwargs)
+        time.sleep(self.seconds)  # blocks the loop; the fake server's thread still runs
+        self.ended.append(time.monotonic())
+        return context
+
+
+async def test_each_follow_up_request_leaves_while_later_contexts_build(
+    dulce_db_uri, openai_server, openai_settings, embedder, no_network
+):
+    """A follow-up's request reaches the server as soon as its context is built, not after the
+    epoch's last build: the LLM starts on it while the engine builds the rest."""
+    openai_server.on_chat = answer_like_a_model
+    config = DRIFTSearchConfig(drift_k_followups=2, primer_folds=1, n_depth=1, context_concurrency=1, seed=0)
+    search = await open_drift_search(dulce_db_uri, config=config, chat_model=get_chat_model(openai_settings), embedder=embedder)
+    search.context_builder = slow = SlowBuilds(search.context_builder, seconds=0.3)
+    try:
+        result = await search.search(QUERY)
+    finally:
+        await search.close()
+    assert result.llm_calls_categories["action"] == 2 and len(slow.ended) == 2
+    first_action = openai_server.chat_requests[2]  # after HyDE and the primer's fold
+    assert "follow_up_queries" in first_action.messages[0]["content"]
+    assert first_action.started_at < slow.ended[1], "the first follow-up's request waited for the second build"
 
 
 async def test_embedding_model_of_unknown_dimension_is_checked_on_its_first_vectors(

@@ -234,6 +234,10 @@ class DRIFTSearch:
             # a model with a small fixed window: each follow-up's context is built to fit it
             budget = {} if self._follow_up_budget is None else {"max_context_tokens": self._follow_up_budget}
             async with run.context_slots:
+                # A build from prefetched rows never suspends, so without this turn of the loop the
+                # epoch's requests would all reach the wire after its last build (aiohttp writes
+                # each body from a task of its own): each call now leaves while later ones build.
+                await asyncio.sleep(0)
                 if query_vector is None:
                     context = await self.context_builder.build(action.query, embedder=self.embedder, **budget)
                 else:
