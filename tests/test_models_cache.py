@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pydantic import BaseModel
 
 from drift_lance.models import ChatParams, Message, get_chat_model
@@ -71,3 +72,32 @@ async def test_registry_wraps_model_when_cache_dir_is_set(openai_server, openai_
     assert (await chat.complete(Q)).text == "from the server"
     assert len(openai_server.chat_requests) == 1
     assert (tmp_path / "cache" / "responses.sqlite").is_file()
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["blocking", "streamed"])
+async def test_drift_query_answered_from_the_cache_counts_no_calls(dulce_db_uri, tmp_path, streamed):
+    """A repeated DRIFT query costs no LLM call in any stage, the follow-ups and reduce included."""
+    from drift_lance.config.drift import DRIFTSearchConfig
+    from drift_lance.drift import open_drift_search
+    from drift_lance.testing import HashEmbedder
+    from fixtures.service import scripted_drift_model
+
+    config = DRIFTSearchConfig(drift_k_followups=2, primer_folds=1, n_depth=1, seed=0)
+    results = []
+    for _ in range(2):
+        chat = CachedChatModel(scripted_drift_model(), tmp_path)
+        search = await open_drift_search(dulce_db_uri, config=config, chat_model=chat, embedder=HashEmbedder(3072))
+        try:
+            if streamed:
+                stream = search.stream_search("Who runs the Dulce base?")
+                _ = [delta async for delta in stream]
+                results.append(stream.result)
+            else:
+                results.append(await search.search("Who runs the Dulce base?"))
+        finally:
+            await search.close()
+    first, repeated = results
+    assert first.llm_calls_categories["action"] == 2 and first.llm_calls == 5
+    assert repeated.response == first.response
+    assert repeated.llm_calls == 0 and set(repeated.llm_calls_categories.values()) == {0}
+    assert repeated.prompt_tokens == 0 and chat.inner.calls == []

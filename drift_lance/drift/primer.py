@@ -63,8 +63,7 @@ def check_embedder(store: IndexStore, embedder: Embedder) -> None:
 def failed_call_usage(exc: BaseException) -> Usage:
     """What a failed call cost: the tokens the model reported (an unusable structured answer
     carries them), and always one call."""
-    usage = getattr(exc, "usage", None) or Usage()
-    return Usage(usage.prompt_tokens, usage.output_tokens, max(usage.calls, 1), usage.counted)
+    return (getattr(exc, "usage", None) or Usage()).of_one_call()
 
 
 def split_folds(reports: pl.DataFrame, folds: int) -> list[pl.DataFrame]:
@@ -141,8 +140,8 @@ class DRIFTPrimer:
         text = result.text.strip()
         if not text:
             log.warning("HyDE expansion was empty; embedding the query as is")
-            return query, result.usage
-        return text, result.usage
+            return query, result.usage.of_one_call()
+        return text, result.usage.of_one_call()
 
     async def _template_report(self) -> str:
         """One random report's text (at or under the community level), read by id (nothing is scanned)."""
@@ -205,7 +204,7 @@ class DRIFTPrimer:
         except Exception as exc:  # noqa: BLE001 - one failed fold is skipped, as a failed follow-up is
             log.warning("primer call failed: %s: %s", type(exc).__name__, exc)
             return None, failed_call_usage(exc), f"{type(exc).__name__}: {exc}"
-        return result.parsed, result.usage, ""  # type: ignore[return-value]
+        return result.parsed, result.usage.of_one_call(), ""  # type: ignore[return-value]
 
     def _fold_texts(self, fold: pl.DataFrame) -> list[str]:
         """Report texts of a fold within `primer_llm_max_tokens` (a report that does not fit is

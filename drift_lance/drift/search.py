@@ -110,7 +110,7 @@ class DRIFTSearch:
             return self._result(run, response=run.action_graph())
         messages, params = await self._start_reduce(run)
         result = await run.chat.complete(messages, params=params)
-        run.usage["reduce"] = run.usage["reduce"] + _call_usage(result.usage)
+        run.usage["reduce"] = run.usage["reduce"] + result.usage.of_one_call()
         await emit(run.callbacks, "on_reduce_end", result.text)
         return self._result(run, response=result.text)
 
@@ -262,7 +262,7 @@ class DRIFTSearch:
             result = await run.chat.complete(
                 [Message("system", system), Message("user", action.query)], params=params, response_model=ActionAnswer
             )
-            usage = _call_usage(result.usage)
+            usage = result.usage.of_one_call()
             action.record_usage(llm_calls=usage.calls, prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
             if not isinstance(result.parsed, ActionAnswer):
                 raise ValueError("the model returned no structured answer")
@@ -344,7 +344,7 @@ class DriftStream(GeneratorStream):
                 yield delta
         finally:
             await stream.aclose()
-        run.usage["reduce"] = run.usage["reduce"] + _call_usage(stream.usage)
+        run.usage["reduce"] = run.usage["reduce"] + stream.usage.of_one_call()
         text = "".join(parts)
         await emit(run.callbacks, "on_reduce_end", text)
         self.result = search._result(run, response=text)
@@ -356,11 +356,6 @@ class DriftStream(GeneratorStream):
     async def aclose(self) -> None:
         if self._gen is not None:
             await self._gen.aclose()  # type: ignore[attr-defined]
-
-
-def _call_usage(usage: Usage) -> Usage:
-    """Usage of one completed call (backends that do not count calls report calls=0)."""
-    return Usage(usage.prompt_tokens, usage.output_tokens, max(usage.calls, 1), usage.counted)
 
 
 def _usage_from_counts(counts: dict[str, int]) -> Usage:

@@ -165,15 +165,16 @@ class LocalStream(GeneratorStream):
 
 
 def _result(text: str, context: LocalContext, usage: Usage, started: float) -> SearchResult:
+    usage = usage.of_one_call()
     return SearchResult(
         response=text,
         context_data=to_jsonable(context.records),
         context_text=context.context_text,
         completion_time=time.perf_counter() - started,
-        llm_calls=usage.calls or 1,
+        llm_calls=usage.calls,
         prompt_tokens=usage.prompt_tokens,
         output_tokens=usage.output_tokens,
-        llm_calls_categories={"build_context": 0, "response": usage.calls or 1},
+        llm_calls_categories={"build_context": 0, "response": usage.calls},
         prompt_tokens_categories={"build_context": 0, "response": usage.prompt_tokens},
         output_tokens_categories={"build_context": 0, "response": usage.output_tokens},
     )

@@ -38,6 +38,7 @@ class Usage:
     output_tokens: int = 0
     calls: int = 0
     counted: bool = False
+    cached: bool = False  # one call's usage only: answered from the response cache, no model call
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -46,6 +47,11 @@ class Usage:
             self.calls + other.calls,
             self.counted or other.counted,
         )
+
+    def of_one_call(self) -> Usage:
+        """This as the usage of one call: no call when it came from the cache, else one call
+        (models that do not count calls report 0)."""
+        return Usage(self.prompt_tokens, self.output_tokens, 0 if self.cached else max(self.calls, 1), self.counted)
 
 
 @dataclass(slots=True)

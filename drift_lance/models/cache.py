@@ -102,7 +102,7 @@ class CachedChatModel:
             self.hits += 1
             text, original = cached
             parsed = parse_structured(text, response_model) if response_model else None
-            return ChatResult(text=text, usage=Usage(), parsed=parsed, model=self.model_id,
+            return ChatResult(text=text, usage=Usage(cached=True), parsed=parsed, model=self.model_id,
                               raw={"cache": "hit", "original_usage": dataclasses.asdict(original)})
         self.misses += 1
         result = await self.inner.complete(messages, params=params, response_model=response_model)
@@ -132,6 +132,7 @@ class CachedStream(GeneratorStream):
         cached = await asyncio.to_thread(owner.store.get, key)
         if cached is not None:
             owner.hits += 1
+            self.usage = Usage(cached=True)
             yield cached[0]
             return
         owner.misses += 1
