@@ -125,6 +125,24 @@ async def test_a_refused_or_dropped_connection_is_reported_as_such_not_as_a_time
         listener.close()
 
 
+async def test_a_refused_connection_gets_connect_retries_not_max_retries(openai_server, openai_settings):
+    """Nothing listening: the call fails after connect_retries, not after max_retries backoffs;
+    a server that answers with errors still gets every retry of max_retries."""
+    listener = await asyncio.start_server(lambda reader, writer: writer.close(), "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    listener.close()
+    await listener.wait_closed()
+    refused = openai_settings.model_copy(update={"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 10, "connect_retries": 2})
+    with pytest.raises(ModelRequestError, match="after 3 attempts: connection failed") as info:
+        await _chat(refused).complete(USER)
+    assert info.value.attempts == 3 and info.value.failure == "connection"
+
+    openai_server.queue_chat(*[Reply.server_error(503)] * 4, Reply(text="back"))
+    answering = openai_settings.model_copy(update={"max_retries": 4, "connect_retries": 0})
+    assert (await _chat(answering).complete(USER)).text == "back"
+    assert len(openai_server.chat_requests) == 5
+
+
 async def test_a_server_that_wants_max_completion_tokens_gets_the_cap_under_that_name(openai_server, openai_settings):
     """OpenAI's reasoning models reject max_tokens; other servers read only max_tokens. The cap goes
     out as max_tokens until a server says otherwise, then under the name it asked for (remembered)."""

@@ -64,6 +64,10 @@ class ModelSettings(BaseSettings):
     # -- call policy
     request_timeout: float = Field(180.0, gt=0, description="seconds per HTTP request")
     max_retries: int = Field(10, ge=0, description="retries after the first attempt (429/5xx/timeout/connection)")
+    connect_retries: int = Field(
+        2, ge=0, description="of those, retries after a failed connection (refused, reset, unknown host): a wrong or "
+        "stopped endpoint fails in seconds, not after max_retries backoffs; raise it to ride out a server restart"
+    )
     retry_base_wait: float = Field(1.0, ge=0, description="first backoff step in seconds (exponential, jittered)")
     retry_max_wait: float = Field(60.0, ge=0, description="cap on one backoff wait, and on an honoured Retry-After")
     max_concurrency: int = Field(25, ge=1, description="in-flight requests per (endpoint, model), process-wide")

@@ -41,6 +41,7 @@ import numpy as np
 import openai
 from pydantic import BaseModel
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from drift_lance.config.models import ModelSettings
@@ -126,6 +127,22 @@ class _BackoffWait(wait_base):
             return min(hinted, self.cap) + random.uniform(0, min(0.1 * hinted, 1.0))
         exp = self.base * (2 ** (retry_state.attempt_number - 1))
         return random.uniform(0, min(exp, self.cap))
+
+
+class _ConnectionFailures(stop_base):
+    """Stop once `attempts` attempts of one call have failed to connect at all: nothing answered,
+    so waiting through every backoff of `max_retries` (minutes) would only delay the error."""
+
+    def __init__(self, attempts: int, timeout: float):
+        self.attempts = attempts
+        self.timeout = timeout
+        self.failures = 0  # one instance per call (`_Endpoint.call` builds its AsyncRetrying)
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if exc is not None and _describe(exc, self.timeout)[2] == "connection":
+            self.failures += 1
+        return self.failures >= self.attempts
 
 
 def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, RequestFailure]:
@@ -248,7 +265,7 @@ class _Endpoint:
         good. With hold_slot=False the caller already holds a limiter slot."""
         s = self.settings
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(s.max_retries + 1),
+            stop=stop_after_attempt(s.max_retries + 1) | _ConnectionFailures(s.connect_retries + 1, s.request_timeout),
             wait=_BackoffWait(s.retry_base_wait, s.retry_max_wait),
             retry=retry_if_exception(_is_retryable),
             before_sleep=self._log_retry,
