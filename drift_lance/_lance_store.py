@@ -587,6 +587,17 @@ def _open_every_object(dataset: Any) -> None:
         dataset.stats.index_stats(name)
 
 
+def _ingest_hint(uri: str) -> str:
+    """How to make a database at `uri`. A folder of parquet files is a GraphRAG output given as --db:
+    it is ingest's SRC, and the database goes next to it, not into it."""
+    folder = Path(uri).expanduser()
+    if "://" in uri or not any(folder.glob("*.parquet")):
+        return f"run `drift-lance ingest SRC --db {uri}`"
+    database = folder.resolve().with_name(f"{folder.resolve().name}.lancedb")
+    return (f"it holds GraphRAG output (parquet files), not a drift-lance database: run "
+            f"`drift-lance ingest {uri} --db {database}`, then use --db {database}")
+
+
 async def open_store(
     uri: str,
     *,
@@ -619,9 +630,7 @@ async def open_store(
     except Exception as exc:  # noqa: BLE001 - connection errors differ per backend
         raise describe_open_failure(uri, exc) from exc
     if not manifests:
-        raise StoreError(
-            f"{uri}: no complete ingest found (no {schema.MANIFEST_TABLE!r} table); run `drift-lance ingest SRC --db {uri}`"
-        )
+        raise StoreError(f"{uri}: no complete ingest found (no {schema.MANIFEST_TABLE!r} table); {_ingest_hint(uri)}")
     if generation is None:
         manifest = manifests[-1]
     else:

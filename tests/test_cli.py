@@ -89,6 +89,11 @@ def test_missing_database_is_one_line_and_exit_2(tmp_path, args):
     assert_one_line_error(proc, args[0], "no-such-db")
 
 
+def test_a_graphrag_output_folder_given_as_the_database_suggests_ingesting_it_elsewhere(dulce_dir):
+    proc = drift_lance("query", "what?", "--db", str(dulce_dir))
+    assert_one_line_error(proc, f"run `drift-lance ingest {dulce_dir} --db {dulce_dir.resolve()}.lancedb`")
+
+
 @pytest.mark.parametrize("command", ["ingest", "inspect"])
 def test_a_file_given_as_the_database_is_one_line_and_exit_2(tmp_path, dulce_dir, command):
     afile = tmp_path / "index.lancedb"
@@ -128,6 +133,21 @@ def test_inspect_reads_the_database_from_settings_and_a_closed_pipe_is_quiet(dul
     assert proc.wait(timeout=120) == 141 and err == ""
     proc = drift_lance("inspect", env=cli_env(DRIFT_LANCE_DB=dulce_db_uri))
     assert proc.returncode == 0 and f"database   {dulce_db_uri}" in proc.stdout
+
+
+def test_inspect_reports_an_nprobes_above_the_partition_count_as_clamped(dulce_dir, tmp_path):
+    import asyncio
+
+    import ingest
+    from drift_lance.config.ingest import IngestConfig
+
+    db = str(tmp_path / "db")
+    asyncio.run(ingest.run_ingest(dulce_dir, db, config=IngestConfig(ann_min_rows=20), progress=False))  # ANN on entities
+    proc = drift_lance("inspect", "--db", db, env=cli_env(DRIFT_LANCE_STORE__SEARCH__NPROBES="999"))
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("entities: "))
+    assert line.startswith("entities: IVF_RQ probes 3 of 3 partitions (store.search.nprobes")
+    assert "store.search.nprobes 999 is more than the index's 3 partitions, so all are probed" in line
 
 
 def test_verbose_shows_the_traceback(tmp_path):
@@ -179,6 +199,68 @@ def test_serve_runs_the_service_until_sigterm(service_db):
     assert proc.returncode in (0, -signal.SIGTERM), stderr
     assert f"serving {service_db}" in stderr
     assert "Application shutdown complete" in stderr
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "192.0.2.1"])  # 192.0.2.1: TEST-NET, no interface of this machine
+def test_serve_on_an_unusable_address_is_one_line_and_exit_2(service_db, host):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = drift_lance("serve", "--db", str(service_db), "--host", host, "--port", str(port))
+    reason = "Address already in use" if host == "127.0.0.1" else "Cannot assign requested address"
+    assert_one_line_error(proc, f"drift-lance serve: error: cannot listen on {host}:{port}: {reason}")
+
+
+GRAPHRAG_SETTINGS = (
+    "completion_models:\n  default_completion_model:\n    model: gpt-4.1\n"
+    "input:\n  type: file\noutput:\n  type: file\nvector_store:\n  type: lancedb\n"
+    "drift_search:\n  n_depth: 1\nlocal_search:\n  max_context_tokens: 300\n"
+)
+
+
+def test_context_and_serve_read_a_graphrag_settings_file(dulce_db_uri, tmp_path, monkeypatch, capsys):
+    """As `query` does: only its drift_search and local_search blocks."""
+    import json
+
+    from drift_lance.cli import main
+    from drift_lance.models import get_tokenizer
+    from drift_lance.service import server
+
+    config = tmp_path / "settings.yaml"
+    config.write_text(GRAPHRAG_SETTINGS)
+    for var in [v for v in os.environ if v.startswith("DRIFT_LANCE_")]:
+        monkeypatch.delenv(var)
+    assert main(["context", "", "--db", dulce_db_uri, "--config", str(config), "--json"]) == 0
+    context = json.loads(capsys.readouterr().out)["context_text"]
+    assert 0 < get_tokenizer("o200k_base").count(context) <= 300
+
+    served = []
+
+    def serve(settings, sockets):  # instead of running the server: what it would serve
+        served.append(settings)
+        for sock in sockets:
+            sock.close()
+
+    monkeypatch.setattr(server, "serve", serve)
+    assert main(["serve", "--db", dulce_db_uri, "--port", "0", "--config", str(config)]) == 0, capsys.readouterr().err
+    assert served[0].drift.n_depth == 1 and served[0].local.max_context_tokens == 300
+
+
+@pytest.mark.parametrize(
+    ("workdir", "reason"),
+    [
+        ("{file}", "is a file, not a folder"),
+        ("{file}/demo", "Not a directory"),
+        pytest.param("/proc/nope", "No such file or directory", marks=pytest.mark.skipif(not Path("/proc/self").exists(), reason="no /proc")),
+    ],
+)
+def test_demo_in_an_unusable_workdir_is_one_line_and_exit_2(tmp_path, workdir, reason):
+    afile = tmp_path / "afile"
+    afile.write_text("kept")
+    workdir = workdir.format(file=afile)
+    assert_one_line_error(drift_lance("demo", "--workdir", workdir), f"drift-lance demo: error: --workdir {workdir}: ", reason)
+    assert afile.read_text() == "kept"
 
 
 @pytest.mark.slow

@@ -140,6 +140,8 @@ def test_an_empty_question_is_a_usage_error(server, dulce_db_uri, capsys, method
     [
         (["--set", "n_depth=-1"], "n_depth"),
         (["--set", "depth=2"], "unknown drift config field 'depth'"),
+        (["--set", "community_level=-1"], "drift config field 'community_level' (from --set community_level)"),
+        (["--set", "community_level=top"], "drift config field 'community_level'"),
         (["--graph-out", "graph.png"], "graph.png"),
         (["--method", "local", "--graph-out", "g.json"], "--graph-out needs --method drift"),
         (["--graph-out", "/no/such/dir/g.json"], "no such directory '/no/such/dir'"),
@@ -149,3 +151,27 @@ def test_bad_input_exits_2_naming_the_problem(server, dulce_db_uri, capsys, argv
     assert main(["query", QUERY, "--db", dulce_db_uri, *argv]) == 2
     assert message in capsys.readouterr().err
     assert server.chat_requests == []  # rejected before any model call
+
+
+def test_a_settings_file_finds_its_local_prompt_from_any_directory(server, dulce_db_uri, tmp_path, monkeypatch, capsys):
+    project = tmp_path / "project"
+    (project / "prompts").mkdir(parents=True)
+    (project / "prompts" / "local.txt").write_text("PROJECT PROMPT ({response_type})\n{context_data}")
+    config = project / "drift-lance.toml"
+    config.write_text('[local]\nprompt = "prompts/local.txt"\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--method", "local", "--config", str(config), "--json"]) == 0
+    assert server.chat_requests[-1].messages[0]["content"].startswith("PROJECT PROMPT (multiple paragraphs)")
+
+
+def test_community_level_chooses_the_primers_reports(server, dulce_db_uri, capsys):
+    """graphrag's --community-level for a DRIFT query; the dulce reports are at levels 0 and 1."""
+
+    def primer_report_levels(*sets: str) -> list[int]:
+        argv = ["query", QUERY, "--db", dulce_db_uri, "--json", "--set", "n_depth=0", "--set", "primer_folds=1"]
+        assert main(argv + [x for s in sets for x in ("--set", s)]) == 0, capsys.readouterr().err
+        reports = json.loads(capsys.readouterr().out)["context_data"][QUERY]["reports"]
+        return sorted({report["level"] for report in reports})
+
+    assert primer_report_levels() == [0, 1]
+    assert primer_report_levels("community_level=0") == [0]

@@ -70,6 +70,17 @@ def test_blocking_drift_search_returns_the_search_result(server):
     assert body["state"]["nodes"], "the DRIFT action graph is part of the result"
 
 
+def test_a_drift_request_sets_the_community_level_of_the_primers_reports(server):
+    def primer_report_levels(config: dict) -> set[int]:
+        with server.client() as client:
+            r = client.post("/v1/search", json={"query": "Who restored the lighthouse?", "config": config})
+        assert r.status_code == 200, r.text
+        return {report["level"] for report in r.json()["context_data"]["Who restored the lighthouse?"]["reports"]}
+
+    assert max(primer_report_levels({})) > 0
+    assert primer_report_levels({"community_level": 0}) == {0}
+
+
 def test_local_search_method(server):
     with server.client() as client:
         r = client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"})
@@ -538,6 +549,8 @@ def test_caps_come_from_server_config(service_settings, live_server):
         ({"query": "q", "config": {"n_depth": True}}, "invalid_request", "config.n_depth"),
         ({"query": "q", "config": {"n_depth": 1.5}}, "invalid_request", "config.n_depth"),
         ({"query": "q", "config": {"n_depth": -1}}, "invalid_request", "config.n_depth"),
+        ({"query": "q", "config": {"community_level": -1}}, "invalid_request", "config.community_level"),
+        ({"query": "q", "config": {"community_level": 0.5}}, "invalid_request", "config.community_level"),
         ({"query": "q", "method": "global"}, "invalid_request", "method"),
         ({"query": "q", "extra": 1}, "unknown_field", "extra"),
         ({"query": "   "}, "invalid_request", "query"),

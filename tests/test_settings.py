@@ -86,6 +86,8 @@ def test_model_settings_keep_their_own_variables(monkeypatch):
     [
         ("[service]\nport = 99999\n", ".toml", "service.port"),
         ("[service]\nportt = 1\n", ".toml", "service.portt: unknown field"),
+        ("[models]\nchat_modle = 'gpt-4o'\n", ".toml", "models.chat_modle: unknown field"),
+        ("models:\n  bogus_field: 1\n", ".yaml", "models.bogus_field: unknown field"),
         ("[drift]\nn_depth = 'deep'\n", ".toml", "n_depth"),
         ("[nonsense]\nx = 1\n", ".toml", "unknown section 'nonsense'"),
         ("service: [1, 2\n", ".yaml", "cannot parse"),
@@ -139,3 +141,40 @@ def test_an_environment_mapping_that_is_not_json_names_the_variable(monkeypatch)
     monkeypatch.setenv("DRIFT_LANCE_STORE__STORAGE_OPTIONS", "{bad")
     with pytest.raises(ConfigError, match=r"environment: cannot parse DRIFT_LANCE_STORE__STORAGE_OPTIONS \(section 'store'\)"):
         Settings.load()
+
+
+GRAPHRAG_SETTINGS = (
+    "completion_models:\n  default_completion_model:\n    model: gpt-4.1\n"
+    "input:\n  type: file\noutput:\n  type: file\nvector_store:\n  type: lancedb\n"
+    "drift_search:\n  n_depth: 1\n  prompt: prompts/drift.txt\n"
+    "local_search:\n  prompt: prompts/local.txt\n  max_context_tokens: 900\n  top_k_mapped_entities: 4\n  future_key: 1\n"
+)
+
+
+def test_a_graphrag_settings_file_gives_the_search_commands_its_search_blocks(tmp_path):
+    path = tmp_path / "settings.yaml"
+    path.write_text(GRAPHRAG_SETTINGS)
+    settings = Settings.load(path, graphrag=True)
+    assert settings.drift.n_depth == 1
+    assert settings.local.max_context_tokens == 900 and settings.local.top_k_entities == 4
+    assert settings.models.chat_model is None  # graphrag's model sections are not read
+    with pytest.raises(ConfigError, match="unknown section 'completion_models'.*read by query, context and serve only"):
+        Settings.load(path)  # ingest, inspect: drift-lance settings only
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("s.toml", '[local]\nprompt = "prompts/local.txt"\n[drift]\nprompt = "prompts/drift.txt"\n'),
+        ("s.yaml", "local_search:\n  prompt: prompts/local.txt\ndrift_search:\n  prompt: prompts/drift.txt\n"),
+        ("settings.yaml", GRAPHRAG_SETTINGS),
+    ],
+)
+def test_prompt_paths_in_a_settings_file_are_relative_to_the_file(tmp_path, monkeypatch, name, text):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / name).write_text(text)
+    monkeypatch.chdir(tmp_path)  # not the file's folder
+    settings = Settings.load(folder / name, graphrag=True)
+    assert settings.local.prompt == str(folder / "prompts" / "local.txt")
+    assert settings.drift.prompt == str(folder / "prompts" / "drift.txt")

@@ -33,6 +33,17 @@ async def test_open_store_without_complete_ingest(tmp_path):
         await open_store(str(tmp_path / "db"))
 
 
+async def test_a_graphrag_output_folder_given_as_the_database_is_named_as_ingests_source(tmp_path, dulce_dir):
+    output = tmp_path / "graphrag" / "output"
+    output.mkdir(parents=True)
+    (output / "entities.parquet").write_bytes((dulce_dir / "entities.parquet").read_bytes())
+    with pytest.raises(StoreError) as info:
+        await open_store(str(output))
+    database = (tmp_path / "graphrag" / "output.lancedb").resolve()
+    assert f"run `drift-lance ingest {output} --db {database}`, then use --db {database}" in str(info.value)
+    assert list(output.iterdir()) == [output / "entities.parquet"]  # nothing written into the source
+
+
 @pytest.fixture(params=["float32 scan", "int8 screening"])
 def exact_path(request, monkeypatch):
     """Runs a test on both exact-search paths: dulce's tables are far under the screening size."""
@@ -446,6 +457,34 @@ def test_automatic_nprobes():
     assert StoreConfig(search={"nprobes": 7}).search.probing(1000) == (7, "nprobes")
     assert tuning.refine("IVF_RQ") == 5 and tuning.refine("IVF_PQ") == 10 and tuning.refine("IVF_FLAT") is None
     assert StoreConfig(search={"refine_factor": 2}).search.refine("IVF_RQ") == 2
+
+
+def test_an_nprobes_above_the_partition_count_probes_every_partition():
+    """LanceDB is asked for the partitions the index has (and inspect reports that count)."""
+    from drift_lance._lance_store import ann_query
+    from drift_lance.store import TableInfo
+
+    class Query:
+        """Records the builder calls ann_query makes on a LanceDB vector query."""
+
+        calls: dict[str, tuple] = {}
+
+        def __getattr__(self, name):
+            def call(*args):
+                self.calls[name] = args
+                return self
+
+            return call
+
+    class Table:
+        def vector_search(self, vector):
+            return Query()
+
+    info = TableInfo(name="entities", rows=5000, version=1, vector_index="IVF_RQ", vector_index_params={"num_partitions": 35})
+    tuning = StoreConfig(search={"nprobes": 999}).search
+    assert tuning.probing_for(info) == (35, "nprobes")
+    ann_query(Table(), np.ones(4, np.float32), 10, tuning, info)
+    assert Query.calls["nprobes"] == (35,)
 
 
 async def test_ann_search_recall_against_exact(ann_db):

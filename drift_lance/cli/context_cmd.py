@@ -41,7 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(keys: max_context_tokens, text_unit_prop, community_prop, top_k_entities, top_k_relationships, "
         "community_level, include_claims, and the other `local` settings); repeatable",
     )
-    parser.add_argument("--config", metavar="FILE", help="settings file (TOML/YAML) with `local` and `models` sections")
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="settings file (TOML/YAML) with `local` and `models` sections; a graphrag settings.yaml is accepted "
+        "(its local_search block is used)",
+    )
     parser.add_argument("--json", action="store_true", help='print {"context_text": ..., "records": {...}} as JSON')
     parser.set_defaults(func=run)
 
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from drift_lance.cli import UsageError
     from drift_lance.config.settings import Settings
 
-    settings = Settings.load(args.config)
+    settings = Settings.load(args.config, graphrag=True)
     db = args.db or settings.db
     if not db:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")

@@ -64,12 +64,12 @@ class DemoTimings:
 def run(args: argparse.Namespace) -> int:
     from drift_lance.sample import SAMPLE_QUERY
 
-    workdir = Path(args.workdir).expanduser() if args.workdir else default_workdir()
+    from drift_lance.cli import UsageError
+
     query = SAMPLE_QUERY if args.query is None else args.query
     if not query.strip():
-        from drift_lance.cli import UsageError
-
         raise UsageError("--query must not be empty")
+    workdir = given_workdir(Path(args.workdir).expanduser()) if args.workdir else default_workdir()
     timings = DemoTimings()
     result = asyncio.run(run_demo(workdir, query, reingest=args.reingest, timings=timings))
     print_report(query, result, timings)
@@ -79,13 +79,31 @@ def run(args: argparse.Namespace) -> int:
 def default_workdir() -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "drift-lance" / "demo"
     try:
-        cache.mkdir(parents=True, exist_ok=True)
-        probe = cache / ".write-test"
-        probe.touch()
-        probe.unlink()
-        return cache
+        return writable_folder(cache)
     except OSError:
         return Path.cwd() / "drift-lance-demo"
+
+
+def given_workdir(path: Path) -> Path:
+    """--workdir, created if need be; a UsageError naming it when it cannot hold the demo's files,
+    before minutes go into loading models."""
+    from drift_lance.cli import UsageError
+
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--workdir {path}: is a file, not a folder")
+    try:
+        return writable_folder(path)
+    except OSError as exc:
+        raise UsageError(f"--workdir {path}: cannot use it as the demo's folder: {exc.strerror or exc}") from None
+
+
+def writable_folder(path: Path) -> Path:
+    """`path`, created if missing, once a file could be written in it (OSError otherwise)."""
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / ".write-test"
+    probe.touch()
+    probe.unlink()
+    return path
 
 
 def demo_model_settings() -> Any:

@@ -46,7 +46,8 @@ async def describe(uri: str, storage_options: dict[str, str] | None = None, conf
             }
         generations = await store.generations()
         probing = {
-            name: probing_line(info, store.config.search) for name, info in store.manifest.tables.items() if info.vector_index
+            name: probing_line(info, store.config.search) + _clamp_note(info, store.config.search)
+            for name, info in store.manifest.tables.items() if info.vector_index
         }
         return {
             "uri": uri, "generations": generations, "manifest": store.manifest.model_dump(mode="json"),
@@ -54,6 +55,14 @@ async def describe(uri: str, storage_options: dict[str, str] | None = None, conf
         }
     finally:
         await store.close()
+
+
+def _clamp_note(info: Any, tuning: Any) -> str:
+    """Why the probe count is below store.search.nprobes: the store probes at most every partition."""
+    partitions = info.vector_index_params.get("num_partitions")
+    if tuning.nprobes is None or not partitions or tuning.nprobes <= partitions:
+        return ""
+    return f"; store.search.nprobes {tuning.nprobes} is more than the index's {partitions} partitions, so all are probed"
 
 
 def run(args: argparse.Namespace) -> int:

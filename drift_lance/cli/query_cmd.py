@@ -14,9 +14,6 @@ from typing import Any, TextIO
 from drift_lance.drift.callbacks import DriftCallbacks
 from drift_lance.drift.result import STAGES, SearchResult
 
-# Top-level keys of graphrag's settings.yaml that a drift-lance settings file never has.
-_GRAPHRAG_ONLY_KEYS = ("completion_models", "embedding_models", "input", "output", "extract_graph", "vector_store")
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -37,11 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the whole SearchResult as JSON")
     parser.add_argument(
         "--config", metavar="FILE",
-        help="settings file (TOML/YAML); a graphrag settings.yaml is accepted (its drift_search block is used)",
+        help="settings file (TOML/YAML); a graphrag settings.yaml is accepted (its drift_search and local_search blocks are used)",
     )
     parser.add_argument(
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-        help="override a search setting by field name, e.g. --set drift_k_followups=3 --set n_depth=2 (repeatable)",
+        help="override a search setting by field name, e.g. --set drift_k_followups=3 --set n_depth=2 "
+        "--set community_level=1 (repeatable)",
     )
     parser.add_argument(
         "--graph-out", metavar="FILE",
@@ -85,48 +83,15 @@ def run(args: argparse.Namespace) -> int:
 
 def load_query_settings(args: argparse.Namespace) -> tuple[Any, Any]:
     """Settings (models, db, local) plus the method's search config with --set applied."""
-    from drift_lance.config.drift import load_drift_config, read_config_mapping
+    from drift_lance.config.drift import load_drift_config
     from drift_lance.config.settings import Settings, parse_assignments
 
-    config_path = Path(args.config) if args.config else None
-    # A graphrag settings.yaml is not a drift-lance settings file: take only its drift_search block.
-    graphrag_file = config_path is not None and _is_graphrag_settings(read_config_mapping(config_path))
-    settings = Settings.load(None if graphrag_file else config_path, db=args.db)
+    settings = Settings.load(args.config, graphrag=True, db=args.db)
     if args.method == "local":
-        if graphrag_file:
-            settings = _with_graphrag_local_search(settings, config_path)
         updated = settings.with_updates(parse_assignments(args.assignments, section="local"))
         return updated, updated.local
-    drift_config = load_drift_config(
-        config_path if graphrag_file else None,
-        args.assignments,
-        env=None if graphrag_file else {},  # Settings.load already applied env to settings.drift
-        base=settings.drift,
-    )
-    return settings, drift_config
-
-
-def _is_graphrag_settings(data: dict[str, Any]) -> bool:
-    return any(key in data for key in _GRAPHRAG_ONLY_KEYS)
-
-
-def _with_graphrag_local_search(settings: Any, path: Path) -> Any:
-    """`settings` with a graphrag settings.yaml's `local_search:` block applied, as its
-    `drift_search:` block is for DRIFT: LocalSearchConfig has graphrag's fields; other keys are
-    ignored with a warning; the prompt path is relative to the file."""
-    from drift_lance.config.drift import read_config_mapping, section_values
-    from drift_lance.config.local import LocalSearchConfig
-    from drift_lance.errors import ConfigError
-
-    section = read_config_mapping(path).get("local_search") or {}
-    if not isinstance(section, dict):
-        raise ConfigError(f"config file {path}: section 'local_search' must be a mapping")
-    values = section_values(section, path, block="local_search", fields=LocalSearchConfig.model_fields, prompt_fields=("prompt",))
-    updates = {f"local.{key}": value for key, value in values.items()}
-    try:
-        return settings.with_updates(updates)
-    except ConfigError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from None
+    # Settings.load already applied the file and the environment to settings.drift.
+    return settings, load_drift_config(None, args.assignments, env={}, base=settings.drift)
 
 
 async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str) -> SearchResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
     parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (default 8000)")
-    parser.add_argument("--config", metavar="FILE", help="settings file (TOML or YAML)")
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="settings file (TOML or YAML); a graphrag settings.yaml is accepted (its drift_search and "
+        "local_search blocks are used)",
+    )
     parser.add_argument(
         "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
         help="LanceDB storage option for an object-store --db, e.g. aws_endpoint=http://127.0.0.1:9000 "
@@ -41,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.config.settings import Settings
     from drift_lance.object_store import merge_storage_options
-    from drift_lance.service import serve
+    from drift_lance.service.server import serve
 
-    settings = Settings.load(args.config, db=args.db)
+    settings = Settings.load(args.config, graphrag=True, db=args.db)
     if settings.db is None:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     flags = {"service.host": args.host, "service.port": args.port, "store.reload_interval_seconds": args.reload_interval}
@@ -55,14 +60,32 @@ def run(args: argparse.Namespace) -> int:
     # starting a server whose /readyz never turns ready.
     asyncio.run(check_database(settings.db, settings.store))
     cfg = settings.service
+    sockets = listen(cfg.host, cfg.port)
+    port = sockets[0].getsockname()[1]  # the one the OS picked for --port 0
     auth = "on" if cfg.api_key else "off"
-    print(f"drift-lance: serving {settings.db} on http://{cfg.host}:{cfg.port} (API key {auth})", file=sys.stderr)
+    print(f"drift-lance: serving {settings.db} on http://{host_and_port(cfg.host, port)} (API key {auth})", file=sys.stderr)
     # The service's own events (generation switches, cancelled searches) at uvicorn's level, info.
     service_log = logging.getLogger("drift_lance.service")
     if service_log.getEffectiveLevel() > logging.INFO:
         service_log.setLevel(logging.INFO)
-    serve(settings)
+    serve(settings, sockets=sockets)
     return 0
+
+
+def listen(host: str, port: int) -> list[socket.socket]:
+    """The bound listening sockets, or a UsageError naming the address and the OS's reason (a port
+    in use, a host that does not resolve or is not this machine's), before anything is announced."""
+    from drift_lance.cli import UsageError
+    from drift_lance.service.server import listen_sockets
+
+    try:
+        return listen_sockets(host, port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host_and_port(host, port)}: {exc.strerror or exc}") from None
+
+
+def host_and_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def check_database(uri: str, config: Any = None) -> None:

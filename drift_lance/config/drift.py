@@ -23,7 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from drift_lance.errors import ConfigError
 
-__all__ = ["DRIFTSearchConfig", "ENV_PREFIX", "load_drift_config", "parse_set_options", "read_config_mapping", "section_values"]
+__all__ = [
+    "DRIFTSearchConfig", "ENV_PREFIX", "file_relative_prompts", "load_drift_config", "parse_set_options",
+    "read_config_mapping", "section_values",
+]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,12 @@ class DRIFTSearchConfig(BaseModel):
     response_type: str = Field("multiple paragraphs", min_length=1, description="Target length and format of the answers.")
     action_ranking: Literal["random", "parent_score"] = Field("random", description="Order of open actions: the reference's random order, or best parent score first.")
     seed: int | None = Field(None, description="Seed of the HyDE template pick and the random action order (reproducible runs).")
+    community_level: int | None = Field(
+        None,
+        ge=0,
+        description="Deepest community level of the primer's reports and the follow-ups' local contexts (graphrag's "
+        "--community-level); None: the local search settings' community_level.",
+    )
     context_concurrency: int = Field(
         2,
         ge=1,
@@ -222,17 +231,26 @@ def section_values(
     """The entries of a settings file's `block:` section that name one of `fields` (after
     `canonical`; others are ignored with a warning, as graphrag's settings.yaml has keys we do not
     use), prompt file paths resolved against the file's folder."""
-    known, prompts = set(fields), set(prompt_fields)
+    known = set(fields)
     values: dict[str, Any] = {}
     for key, value in section.items():
         field = canonical(str(key))
         if field not in known:
             log.warning("config file %s: ignoring unknown %s key %r", path, block, key)
             continue
-        if field in prompts and isinstance(value, str) and value:
-            value = str((path.parent / value).resolve()) if not Path(value).is_absolute() else value
         values[field] = value
-    return values
+    return file_relative_prompts(values, path, prompt_fields)
+
+
+def file_relative_prompts(section: Mapping[str, Any], path: Path, prompt_fields: Iterable[str]) -> dict[str, Any]:
+    """`section` with its relative prompt file paths resolved against the folder of the settings
+    file `path`, so the file works from any current directory."""
+    resolved = dict(section)
+    for field in prompt_fields:
+        value = resolved.get(field)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            resolved[field] = str((path.parent / value).resolve())
+    return resolved
 
 
 def _env_values(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:

@@ -58,9 +58,9 @@ class SearchTuning(BaseModel):
     def probing(self, num_partitions: int | None, calibrated: int | None = None) -> tuple[int, ProbeSource]:
         """Partitions to probe for an index with `num_partitions` partitions, of which ingest found
         `calibrated` enough for its recall target, and which setting decided it. An explicit
-        `nprobes` or `nprobes_fraction` wins."""
+        `nprobes` or `nprobes_fraction` wins; no more partitions than the index has are probed."""
         if self.nprobes is not None:
-            return self.nprobes, "nprobes"
+            return min(self.nprobes, num_partitions or self.nprobes), "nprobes"
         if calibrated is not None and "nprobes_fraction" not in self.model_fields_set:
             return calibrated, "calibrated"
         if not num_partitions:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["LocalSearchConfig"]
+__all__ = ["LOCAL_FILE_KEYS", "LOCAL_PROMPT_FIELDS", "LocalSearchConfig"]
 
 
 class LocalSearchConfig(BaseModel):
@@ -81,3 +81,9 @@ class LocalSearchConfig(BaseModel):
                 f"community_prop + text_unit_prop must be <= 1 (got {self.community_prop} + {self.text_unit_prop})"
             )
         return self
+
+
+# Fields holding prompt file paths: in a settings file they are relative to the file.
+LOCAL_PROMPT_FIELDS = ("prompt",)
+# Keys a `local_search` block may have: the fields and the builder's name for top_k_entities.
+LOCAL_FILE_KEYS = (*LocalSearchConfig.model_fields, "top_k_mapped_entities")

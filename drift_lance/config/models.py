@@ -40,7 +40,9 @@ class ModelSettings(BaseSettings):
     `resolve()` from the environment (see module docstring)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="DRIFT_LANCE_", extra="ignore", validate_assignment=True, populate_by_name=True,
+        # extra="forbid": a misspelt key in a settings file's [models] is an error, as in every other
+        # section (the environment source only reads the variables of known fields).
+        env_prefix="DRIFT_LANCE_", extra="forbid", validate_assignment=True, populate_by_name=True,
         allow_inf_nan=False,
     )
 

@@ -5,7 +5,9 @@ Sources, highest priority first:
 2. environment variables with the prefix `DRIFT_LANCE_`, nested with `__`
    (`DRIFT_LANCE_DRIFT__N_DEPTH=2`, `DRIFT_LANCE_SERVICE__PORT=9000`), plus the short
    `DRIFT_LANCE_API_KEY` for `service.api_key`;
-3. a TOML or YAML file (`--config FILE`, or the path in `DRIFT_LANCE_CONFIG`);
+3. a TOML or YAML file (`--config FILE`, or the path in `DRIFT_LANCE_CONFIG`); for the search
+   commands (`load(..., graphrag=True)`) also a graphrag settings.yaml, of which only the
+   `drift_search` and `local_search` blocks are read;
 4. the defaults of each area's model.
 
 Every validation problem becomes a `ConfigError` naming the file (if any) and the dotted field.
@@ -28,9 +30,9 @@ from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
-from drift_lance.config.drift import DRIFTSearchConfig, load_drift_config
+from drift_lance.config.drift import DRIFTSearchConfig, file_relative_prompts, load_drift_config, section_values
 from drift_lance.config.ingest import IngestConfig, StoreConfig
-from drift_lance.config.local import LocalSearchConfig
+from drift_lance.config.local import LOCAL_FILE_KEYS, LOCAL_PROMPT_FIELDS, LocalSearchConfig
 from drift_lance.config.models import ModelSettings
 from drift_lance.config.service import ServiceConfig
 from drift_lance.errors import ConfigError
@@ -74,13 +76,15 @@ class Settings(BaseSettings):
         return (init_settings, _ApiKeyEnvSource(settings_cls), env_settings, _FileSource(settings_cls))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, /, **overrides: Any) -> Settings:
+    def load(cls, path: str | os.PathLike[str] | None = None, /, *, graphrag: bool = False, **overrides: Any) -> Settings:
         """Settings from `path` (or `$DRIFT_LANCE_CONFIG`), the environment and `overrides`.
-        Overrides set to None are ignored, so CLI flags can be passed through unconditionally."""
+        Overrides set to None are ignored, so CLI flags can be passed through unconditionally.
+        With `graphrag` (the search commands), `path` may also be a graphrag settings.yaml, of which
+        only the `drift_search` and `local_search` blocks are read."""
         if path is None and os.environ.get(CONFIG_FILE_ENV):
             path = os.environ[CONFIG_FILE_ENV]
         source = Path(path) if path is not None else None
-        data = read_settings_file(source) if source is not None else {}
+        data = read_settings_file(source, graphrag=graphrag) if source is not None else {}
         overrides = {k: v for k, v in overrides.items() if v is not None}
         # Two sections read the environment through their owners' loaders, so their documented
         # variables behave the same everywhere: DRIFT_LANCE_DRIFT__* and DRIFT_LANCE_<MODEL FIELD>.
@@ -177,7 +181,57 @@ def _annotation_of(dotted: str) -> Any:
     return annotation
 
 
-def read_settings_file(path: Path) -> dict[str, Any]:
+def read_settings_file(path: Path, *, graphrag: bool = False) -> dict[str, Any]:
+    """A TOML (.toml) or YAML (.yaml/.yml) settings file as a dict of sections, prompt paths resolved
+    against the file's folder. With `graphrag`, a graphrag settings.yaml gives its search blocks."""
+    data = _parse_settings_file(path)
+    if graphrag and is_graphrag_settings(data):
+        return _graphrag_search_sections(data, path)
+    return _drift_lance_sections(data, path)
+
+
+def _drift_lance_sections(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A drift-lance settings file's sections, checked by name, prompt paths made file-relative
+    (`load_drift_config` does that for the drift section, which it reads from the file itself)."""
+    # graphrag's section names are accepted for the search sections.
+    for graphrag_name, ours in _SECTION_ALIASES.items():
+        if graphrag_name in data:
+            if ours in data:
+                raise ConfigError(f"config file {path}: both {graphrag_name!r} and {ours!r} given; keep one")
+            data[ours] = data.pop(graphrag_name)
+    unknown = sorted(set(data) - set(Settings.model_fields))
+    if unknown:
+        hint = "; a graphrag settings.yaml is read by query, context and serve only" if is_graphrag_settings(data) else ""
+        raise ConfigError(
+            f"config file {path}: unknown section {unknown[0]!r}; known: {', '.join(Settings.model_fields)}{hint}"
+        )
+    if isinstance(data.get("local"), dict):
+        data["local"] = file_relative_prompts(data["local"], path, LOCAL_PROMPT_FIELDS)
+    return data
+
+
+def is_graphrag_settings(data: Mapping[str, Any]) -> bool:
+    """Whether a parsed settings file is graphrag's settings.yaml rather than drift-lance's."""
+    return any(key in data for key in _GRAPHRAG_ONLY_SECTIONS)
+
+
+def _graphrag_search_sections(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A graphrag settings.yaml as drift-lance sections: `drift_search` (which `load_drift_config`
+    reads from the file itself) and `local_search`. Keys graphrag has and we do not are ignored with
+    a warning; the other graphrag sections (models, input, output, ...) are not read."""
+    sections: dict[str, Any] = {}
+    if "drift_search" in data:
+        sections["drift"] = data["drift_search"]
+    local = data.get("local_search")
+    if local is not None:
+        if not isinstance(local, dict):
+            raise ConfigError(f"config file {path}: section 'local_search' must be a mapping")
+        sections["local"] = section_values(local, path, block="local_search", fields=LOCAL_FILE_KEYS,
+                                           prompt_fields=LOCAL_PROMPT_FIELDS)
+    return sections
+
+
+def _parse_settings_file(path: Path) -> dict[str, Any]:
     """Parse a TOML (.toml) or YAML (.yaml/.yml) settings file into a dict."""
     if not path.is_file():
         raise ConfigError(f"config file {path}: not found")
@@ -194,21 +248,12 @@ def read_settings_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: cannot parse: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a table/mapping, got {type(data).__name__}")
-    # graphrag's section names are accepted for the search sections.
-    for graphrag_name, ours in _SECTION_ALIASES.items():
-        if graphrag_name in data:
-            if ours in data:
-                raise ConfigError(f"config file {path}: both {graphrag_name!r} and {ours!r} given; keep one")
-            data[ours] = data.pop(graphrag_name)
-    unknown = sorted(set(data) - set(Settings.model_fields))
-    if unknown:
-        raise ConfigError(
-            f"config file {path}: unknown section {unknown[0]!r}; known: {', '.join(Settings.model_fields)}"
-        )
     return data
 
 
 _SECTION_ALIASES = {"drift_search": "drift", "local_search": "local"}
+# Top-level sections of graphrag's settings.yaml that a drift-lance settings file never has.
+_GRAPHRAG_ONLY_SECTIONS = ("completion_models", "embedding_models", "input", "output", "extract_graph", "vector_store")
 
 
 def _model_settings(section: Any, source: Path | None) -> ModelSettings:

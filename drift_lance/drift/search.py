@@ -394,6 +394,8 @@ def local_config_for_drift(config: DRIFTSearchConfig, base: Any = None) -> Any:
         response_type=config.response_type,
         include_claims=False,
     )
+    if config.community_level is not None:  # graphrag's --community-level, set for this DRIFT search
+        data["community_level"] = config.community_level
     return LocalSearchConfig.model_validate(data)
 
 

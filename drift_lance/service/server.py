@@ -131,6 +131,28 @@ async def _cancel_searches_after(state: Any, delay: float) -> None:
     await state.slots.cancel_all()
 
 
-def serve(settings: Settings, *, backend: SearchBackend | None = None) -> None:
-    """Blocking: serve until interrupted."""
-    build_server(settings, backend=backend).run()
+def listen_sockets(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to `port` on every address `host` resolves to, as uvicorn would bind them.
+    Binding before the server starts lets the caller report an unusable address in its own words:
+    uvicorn logs the OSError and exits 3 only after its start-up has begun. Raises OSError."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                                  flags=socket.AI_PASSIVE):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio: "::" must not also take the IPv4 port
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def serve(settings: Settings, *, backend: SearchBackend | None = None, sockets: list[socket.socket] | None = None) -> None:
+    """Blocking: serve until interrupted, on `sockets` (from `listen_sockets`) when given, else on
+    `settings.service`'s host and port."""
+    build_server(settings, backend=backend).run(sockets=sockets)
