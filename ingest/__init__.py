@@ -11,21 +11,25 @@ first write, so bad input writes nothing; the write itself switches generations 
 
 from __future__ import annotations
 
+from ingest import _lance_log  # noqa: F401 - first: sets Lance's log level before Lance is imported
+
 import asyncio
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from drift_lance import schema
 from drift_lance.config.ingest import IngestConfig
-from drift_lance.errors import IngestError
+from drift_lance.errors import ConfigError, IngestError
 from drift_lance.models.base import Embedder
 from drift_lance.models.compat import native_dimension, normalise_model_id
 from drift_lance.store import Manifest
 from ingest.embeddings import TableVectors, align, compute, find_reusable
 from ingest.layouts import SourceIndex, detect_layout
+from ingest.lock import IngestLock
 from ingest.normalize import NormalizedIndex, embedding_texts, normalize
 from ingest.writer import IndexWriter, PreparedTable
 
@@ -51,6 +55,7 @@ class IngestReport(BaseModel):
     rows: dict[str, int]
     seconds: dict[str, float] = Field(default_factory=dict)  # read, embed, write, index, cleanup, total
     computed_vectors: int = 0  # texts embedded by this run
+    warnings: list[str] = Field(default_factory=list)  # e.g. optional columns filled with defaults (also logged)
 
     @property
     def rows_per_second(self) -> float:
@@ -77,6 +82,14 @@ async def _computed_vectors(norm: NormalizedIndex, table: str, embedder: Embedde
     return TableVectors(matrix, embedder.model_id, "computed", embedder.model_id), len(texts)
 
 
+@dataclass(slots=True)
+class _Prepared:
+    source: SourceIndex
+    tables: list[PreparedTable]
+    computed: int  # texts embedded
+    warnings: list[str]
+
+
 async def prepare(
     src: str | Path,
     *,
@@ -87,6 +100,20 @@ async def prepare(
     progress: bool = True,
 ) -> tuple[SourceIndex, list[PreparedTable], int]:
     """Read, validate and normalise `src` and attach vectors; nothing is written."""
+    done = await _prepare(src, config=config, embedder=embedder, reembed=reembed, embedding_model=embedding_model, progress=progress)
+    return done.source, done.tables, done.computed
+
+
+async def _prepare(
+    src: str | Path,
+    *,
+    config: IngestConfig,
+    embedder: Embedder | None,
+    reembed: bool,
+    embedding_model: str | None,
+    progress: bool,
+) -> _Prepared:
+    """`prepare`, plus the warnings about the input that the report carries."""
     source = detect_layout(src)
     norm = normalize(source)
     vectors: dict[str, TableVectors] = {}
@@ -113,7 +140,7 @@ async def prepare(
             if reused is not None:  # a model of unknown dimension is known now
                 _check_one_space(reused, embedder.model_id, vectors[name].matrix.shape[1], name, embedding_model)
     prepared = [PreparedTable(name, norm.tables[name], vectors.get(name)) for name in _WRITE_ORDER if name in norm.tables]
-    return source, prepared, computed
+    return _Prepared(source, prepared, computed, norm.warnings)
 
 
 def _check_one_space(reused: TableVectors, model_id: str, dimension: int, table: str, embedding_model: str | None) -> None:
@@ -172,23 +199,33 @@ async def run_ingest(
 
     Vectors are reused from the index when present (model id: `embedding_model` or "unknown"),
     otherwise computed with `embedder` (default: `drift_lance.models.get_embedder()`); `reembed`
-    recomputes all of them. Raises IngestError (bad input; nothing written) or StoreError."""
-    config = config or IngestConfig()
+    recomputes all of them. Raises IngestError (bad input, or another ingest is writing to this
+    local database; nothing written) or StoreError."""
+    config = _checked_config(config or IngestConfig())
     db_uri = str(db_uri)
+    if not db_uri.strip():  # LanceDB would take it for the current directory
+        raise ConfigError("db_uri: empty; name the LanceDB database (a folder, s3://bucket/path, ...)")
     started = time.perf_counter()
-    source, tables, computed = await prepare(
-        src, config=config, embedder=embedder, reembed=reembed, embedding_model=embedding_model, progress=progress
-    )
-    prepared_s = time.perf_counter() - started
-    writer = IndexWriter(db_uri, config, storage_options, progress)
-    await writer.open()
-    options = {
-        "reembed": reembed,
-        "ann_min_rows": config.ann_min_rows,
-        "vector_index": config.vector_index.model_dump(),
-        "target_recall": config.target_recall,
-    }
-    manifest = await writer.write(tables, source_path=str(source.root.resolve()), layout=source.layout, options=options)
+    lock = IngestLock(db_uri)
+    lock.take(create=False)  # before the slow preparation, so a second ingest stops at once
+    try:
+        done = await _prepare(
+            src, config=config, embedder=embedder, reembed=reembed, embedding_model=embedding_model, progress=progress
+        )
+        prepared_s = time.perf_counter() - started
+        lock.take(create=True)  # a new database: its folder is created only now that the input is valid
+        writer = IndexWriter(db_uri, config, storage_options, progress)
+        await writer.open()
+        options = {
+            "reembed": reembed,
+            "ann_min_rows": config.ann_min_rows,
+            "vector_index": config.vector_index.model_dump(),
+            "target_recall": config.target_recall,
+        }
+        manifest = await writer.write(done.tables, source_path=str(done.source.root.resolve()), layout=done.source.layout,
+                                      options=options)
+    finally:
+        lock.release()
     t = writer.timings
     return IngestReport(
         db_uri=db_uri,
@@ -203,8 +240,19 @@ async def run_ingest(
             "total": time.perf_counter() - started,
             **{f"index.{k}": v for k, v in t.index_s_by_table.items()},
         },
-        computed_vectors=computed,
+        computed_vectors=done.computed,
+        warnings=done.warnings,
     )
+
+
+def _checked_config(config: IngestConfig) -> IngestConfig:
+    """`config` validated again: one made with model_copy(update=...) was never checked."""
+    try:
+        return IngestConfig.model_validate(config.model_dump())
+    except ValidationError as exc:
+        from drift_lance.config.settings import describe_validation_error
+
+        raise ConfigError(describe_validation_error(exc, prefix="ingest")) from None
 
 
 def ingest(src: str | Path, db_uri: str, **kwargs: Any) -> IngestReport:

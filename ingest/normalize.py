@@ -3,14 +3,16 @@
 Everything here happens in memory and raises IngestError (naming file and column) before anything
 is written. Column fallbacks cover older graphrag releases: entity `name` for `title`, `source_id`
 strings for `text_unit_ids`, `document_id(s)`, `rank_explanation`, and membership / degree from
-`create_final_nodes` when the communities table has no `entity_ids`.
+`create_final_nodes` when the communities table has no `entity_ids`. Optional columns a table lacks
+(descriptions, weights, titles, ...) get a default on every row, and a warning names them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ import polars as pl
 from drift_lance import schema
 from drift_lance.errors import IngestError
 from ingest.layouts import NODES, SourceIndex
+
+log = logging.getLogger(__name__)
 
 _STR, _I64, _F64 = pl.String, pl.Int64, pl.Float64
 _STRS, _I64S = pl.List(pl.String), pl.List(pl.Int64)
@@ -38,6 +42,7 @@ class NormalizedIndex:
     tables: dict[str, pl.DataFrame]
     raw: dict[str, pl.DataFrame]
     files: dict[str, Path]
+    warnings: list[str] = field(default_factory=list)  # optional columns filled with defaults, per table
 
 
 class _Table:
@@ -45,6 +50,28 @@ class _Table:
 
     def __init__(self, name: str, path: Path, frame: pl.DataFrame) -> None:
         self.name, self.path, self.frame = name, path, frame
+        self.filled: dict[str, str] = {}  # optional column missing here -> the default every row got
+
+    def optional(self, *candidates: str, target: pl.DataType, default: Any = None) -> pl.Series:
+        """The first of `candidates` present, as `target`; else `default` on every row, and the
+        column is noted as filled (the ingest warns: a variant may lack it, a broken export too)."""
+        column = self.pick(*candidates)
+        if column is not None:
+            return self.typed(column, target)
+        self.note_filled(candidates[0], default)
+        return pl.Series([default] * self.frame.height, dtype=target)
+
+    def note_filled(self, column: str, default: Any) -> None:
+        self.filled[column] = "null" if default is None else repr(default)
+
+    def filled_warning(self) -> str | None:
+        """One line naming the table and its optional columns that were filled with defaults."""
+        if not self.filled:
+            return None
+        columns = ", ".join(repr(column) for column in self.filled)
+        plural = "s" if len(self.filled) > 1 else ""
+        return (f"{self.path}: table {self.name!r} has no optional column{plural} {columns} "
+                f"(filled with {', '.join(self.filled.values())} on every row)")
 
     def has(self, column: str) -> bool:
         return column in self.frame.columns
@@ -114,6 +141,13 @@ def _split_ids(series: pl.Series) -> pl.Series:
     )
 
 
+def _unit_ids(t: _Table) -> pl.Series:
+    """`text_unit_ids`, or graphrag 0.x's comma-separated `source_id` strings."""
+    if not t.has("text_unit_ids") and t.has("source_id") and t.frame["source_id"].dtype == pl.String:
+        return _split_ids(t.frame["source_id"])
+    return _fill_lists(t.optional("text_unit_ids", "source_id", target=_STRS, default=[]))
+
+
 def _empty_lists(n: int, dtype: pl.DataType) -> pl.Series:
     return pl.Series(values=[[] for _ in range(n)], dtype=dtype)
 
@@ -157,13 +191,7 @@ def _entities(t: _Table, memberships: pl.DataFrame, degrees: dict[str, int]) -> 
     titles = t.typed(title_col, _STR, not_null=True)
     _check_unique(t, "id", ids)
     _check_unique(t, title_col, titles)
-    unit_col = t.pick("text_unit_ids", "source_id")
-    if unit_col == "source_id" and t.frame[unit_col].dtype == pl.String:
-        units = _split_ids(t.frame[unit_col])
-    elif unit_col:
-        units = _fill_lists(t.typed(unit_col, _STRS))
-    else:
-        units = _empty_lists(n, _STRS)
+    units = _unit_ids(t)
     frequency = t.typed("frequency", _I64) if t.has("frequency") else units.list.len().cast(_I64)
     if t.has("degree"):
         degree = t.typed("degree", _I64).fill_null(0)
@@ -176,8 +204,8 @@ def _entities(t: _Table, memberships: pl.DataFrame, degrees: dict[str, int]) -> 
             "id": ids,
             "human_readable_id": _citation_ids(t, _row_numbers(n)),
             "title": titles,
-            "type": t.typed("type", _STR) if t.has("type") else pl.Series([None] * n, dtype=_STR),
-            "description": (t.typed("description", _STR) if t.has("description") else pl.Series([""] * n)).fill_null(""),
+            "type": t.optional("type", target=_STR),
+            "description": t.optional("description", target=_STR, default="").fill_null(""),
             "text_unit_ids": units,
             "frequency": frequency,
             "degree": degree,
@@ -200,13 +228,7 @@ def _relationships(t: _Table, degrees: dict[str, int]) -> pl.DataFrame:
             [degrees.get(s, 0) + degrees.get(o, 0) for s, o in zip(source.to_list(), target.to_list(), strict=True)],
             dtype=_I64,
         )
-    unit_col = t.pick("text_unit_ids", "source_id")
-    if unit_col == "source_id" and t.frame[unit_col].dtype == pl.String:
-        units = _split_ids(t.frame[unit_col])
-    elif unit_col:
-        units = _fill_lists(t.typed(unit_col, _STRS))
-    else:
-        units = _empty_lists(n, _STRS)
+    units = _unit_ids(t)
     return _frame(
         schema.RELATIONSHIPS,
         {
@@ -214,8 +236,8 @@ def _relationships(t: _Table, degrees: dict[str, int]) -> pl.DataFrame:
             "human_readable_id": _citation_ids(t, _row_numbers(n)),
             "source": source,
             "target": target,
-            "description": (t.typed("description", _STR) if t.has("description") else pl.Series([""] * n)).fill_null(""),
-            "weight": (t.typed("weight", _F64) if t.has("weight") else pl.Series([1.0] * n)).fill_null(1.0),
+            "description": t.optional("description", target=_STR, default="").fill_null(""),
+            "weight": t.optional("weight", target=_F64, default=1.0).fill_null(1.0),
             "combined_degree": combined,
             "text_unit_ids": units,
         },
@@ -248,7 +270,6 @@ def _children_of(communities: list[int], parents: list[int]) -> list[list[int]]:
 
 
 def _communities(t: _Table, node_members: pl.DataFrame | None) -> pl.DataFrame:
-    n = t.frame.height
     community_col = t.need("community", "id")
     community = t.typed(community_col, _I64, not_null=True)
     _check_unique(t, community_col, community)
@@ -269,8 +290,9 @@ def _communities(t: _Table, node_members: pl.DataFrame | None) -> pl.DataFrame:
         children = _fill_lists(t.typed("children", _I64S))
     else:
         children = pl.Series(_children_of(community.to_list(), parent.to_list()), dtype=_I64S)
-    titles = t.typed("title", _STR) if t.has("title") else pl.Series([None] * n, dtype=_STR)
-    titles = pl.select(pl.coalesce(titles, pl.lit("Community ") + community.cast(_STR))).to_series()
+    titles = pl.select(pl.coalesce(_optional_str(t, "title"), pl.lit("Community ") + community.cast(_STR))).to_series()
+    if "title" in t.filled:
+        t.note_filled("title", "Community <community>")
     return _frame(
         schema.COMMUNITIES,
         {
@@ -282,10 +304,10 @@ def _communities(t: _Table, node_members: pl.DataFrame | None) -> pl.DataFrame:
             "children": children,
             "title": titles,
             "entity_ids": entity_ids,
-            "relationship_ids": _fill_lists(t.typed("relationship_ids", _STRS)) if t.has("relationship_ids") else _empty_lists(n, _STRS),
-            "text_unit_ids": _fill_lists(t.typed("text_unit_ids", _STRS)) if t.has("text_unit_ids") else _empty_lists(n, _STRS),
+            "relationship_ids": _fill_lists(t.optional("relationship_ids", target=_STRS, default=[])),
+            "text_unit_ids": _fill_lists(t.optional("text_unit_ids", target=_STRS, default=[])),
             "size": t.typed("size", _I64) if t.has("size") else entity_ids.list.len().cast(_I64),
-            "period": t.typed("period", _STR) if t.has("period") else pl.Series([None] * n, dtype=_STR),
+            "period": t.optional("period", target=_STR),
         },
     )
 
@@ -293,6 +315,7 @@ def _communities(t: _Table, node_members: pl.DataFrame | None) -> pl.DataFrame:
 def _findings_json(t: _Table) -> pl.Series:
     n = t.frame.height
     if not t.has("findings"):
+        t.note_filled("findings", [])
         return pl.Series(["[]"] * n, dtype=_STR)
     series = t.frame["findings"]
     if series.dtype == pl.String:
@@ -303,7 +326,6 @@ def _findings_json(t: _Table) -> pl.Series:
 
 
 def _community_reports(t: _Table, communities: pl.DataFrame) -> pl.DataFrame:
-    n = t.frame.height
     community = t.typed(t.need("community"), _I64, not_null=True)
     _check_unique(t, "community", community)
     full_content = t.typed(t.need("full_content"), _STR, not_null=True)
@@ -322,7 +344,6 @@ def _community_reports(t: _Table, communities: pl.DataFrame) -> pl.DataFrame:
     level = own_or_community("level", _I64)
     if level.null_count():
         raise IngestError(f"{t.path}: column 'level' is missing and some reports' communities are not in the communities table")
-    explanation = t.pick("rating_explanation", "rank_explanation")
     return _frame(
         schema.COMMUNITY_REPORTS,
         {
@@ -332,11 +353,11 @@ def _community_reports(t: _Table, communities: pl.DataFrame) -> pl.DataFrame:
             "level": level,
             "parent": own_or_community("parent", _I64).fill_null(-1),
             "children": _fill_lists(own_or_community("children", _I64S)),
-            "title": t.typed("title", _STR) if t.has("title") else pl.Series([None] * n, dtype=_STR),
-            "summary": t.typed("summary", _STR) if t.has("summary") else pl.Series([None] * n, dtype=_STR),
+            "title": t.optional("title", target=_STR),
+            "summary": t.optional("summary", target=_STR),
             "full_content": full_content,
-            "rank": t.typed("rank", _F64) if t.has("rank") else pl.Series([None] * n, dtype=_F64),
-            "rating_explanation": t.typed(explanation, _STR) if explanation else pl.Series([None] * n, dtype=_STR),
+            "rank": t.optional("rank", target=_F64),
+            "rating_explanation": t.optional("rating_explanation", "rank_explanation", target=_STR),
             "findings": _findings_json(t),
             "size": own_or_community("size", _I64),
             "period": own_or_community("period", _STR),
@@ -363,6 +384,7 @@ def _text_units(t: _Table, entities: pl.DataFrame, relationships: pl.DataFrame, 
             pl.when(pl.col("d").is_null()).then(pl.lit([], dtype=_STRS)).otherwise(pl.concat_list("d"))
         ).to_series()
     else:
+        t.note_filled("document_ids", [])
         documents = _empty_lists(n, _STRS)
 
     def ids_or_inverse(column: str, derived: Callable[[], pl.Series]) -> pl.Series:
@@ -374,7 +396,7 @@ def _text_units(t: _Table, entities: pl.DataFrame, relationships: pl.DataFrame, 
             "id": ids,
             "human_readable_id": _citation_ids(t, _row_numbers(n)),
             "text": t.typed(t.need("text", "chunk"), _STR, not_null=True),
-            "n_tokens": t.typed("n_tokens", _I64) if t.has("n_tokens") else pl.Series([None] * n, dtype=_I64),
+            "n_tokens": t.optional("n_tokens", target=_I64),
             "document_ids": documents,
             "entity_ids": ids_or_inverse("entity_ids", lambda: _inverse(entities["id"], entities["text_unit_ids"], ids)),
             "relationship_ids": ids_or_inverse(
@@ -391,8 +413,7 @@ def _text_units(t: _Table, entities: pl.DataFrame, relationships: pl.DataFrame, 
 
 
 def _optional_str(t: _Table, *candidates: str) -> pl.Series:
-    column = t.pick(*candidates)
-    return t.typed(column, _STR) if column else pl.Series([None] * t.frame.height, dtype=_STR)
+    return t.optional(*candidates, target=_STR)
 
 
 def _covariates(t: _Table) -> pl.DataFrame:
@@ -429,7 +450,7 @@ def _documents(t: _Table) -> pl.DataFrame:
             "human_readable_id": t.typed("human_readable_id", _I64) if t.has("human_readable_id") else _row_numbers(n),
             "title": _optional_str(t, "title"),
             "text": _optional_str(t, "text", "raw_content"),
-            "text_unit_ids": _fill_lists(t.typed("text_unit_ids", _STRS)) if t.has("text_unit_ids") else _empty_lists(n, _STRS),
+            "text_unit_ids": _fill_lists(t.optional("text_unit_ids", target=_STRS, default=[])),
         },
     )
 
@@ -516,7 +537,10 @@ def normalize(source: SourceIndex) -> NormalizedIndex:
     tables[schema.TEXT_UNITS] = _text_units(tabs[schema.TEXT_UNITS], entities, relationships, covariates)
     if schema.DOCUMENTS in tabs and tabs[schema.DOCUMENTS].frame.height:
         tables[schema.DOCUMENTS] = _documents(tabs[schema.DOCUMENTS])
-    return NormalizedIndex(source.layout, source.root, tables, raw, dict(source.files))
+    warnings = [w for name in tables if (w := tabs[name].filled_warning())]
+    for warning in warnings:
+        log.warning("%s", warning)
+    return NormalizedIndex(source.layout, source.root, tables, raw, dict(source.files), warnings)
 
 
 def embedding_texts(table: str, frame: pl.DataFrame) -> list[str]:

@@ -38,6 +38,12 @@ _WORDS = (
     "forge summit atlas delta echo falcon granite horizon island jungle kernel lattice matrix nebula"
 ).split()
 _TYPES = ("PERSON", "ORGANIZATION", "GEO", "EVENT", "TECHNOLOGY")
+# What an output folder holds: the marker names it as this tool's, so a later run may replace it.
+MARKER = ".drift-lance-synthetic"
+_MARKER_TEXT = "A synthetic graphrag index written by `python -m ingest.synthetic`; the next run into this folder replaces it.\n"
+_TABLES = ("entities", "relationships", "communities", "community_reports", "text_units", "documents", "covariates")
+_OUTPUT_FILES = frozenset({*(f"{name}.parquet" for name in _TABLES), "lancedb"})
+_VECTOR_TABLES = frozenset({"entity_description.lance", "community_full_content.lance", "text_unit_text.lance"})
 _LEAF_SIZE = 21  # mean entities per leaf; with fan-out 4 this gives ~1 community per 16 entities
 _FANOUT = 4
 _CHUNK = 50_000  # rows per vector chunk written to lancedb
@@ -105,6 +111,34 @@ def _write_vectors(path: Path, ids: list[str], chunks: Iterator[np.ndarray], dim
     lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(path), schema=schema, mode="overwrite")
 
 
+def _clear_output(out: Path, overwrite: bool) -> None:
+    """Remove a previous synthetic index at `out`; refuse to delete anything else unless `overwrite`."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise NotADirectoryError(f"{out}: is a file, not a folder; choose another output folder")
+    if not any(out.iterdir()):
+        return
+    if not (overwrite or _is_synthetic_index(out)):
+        raise FileExistsError(
+            f"{out}: folder is not empty and not a synthetic index written by this tool; choose another "
+            "folder or pass --overwrite (overwrite=True) to replace it"
+        )
+    shutil.rmtree(out)
+
+
+def _is_synthetic_index(folder: Path) -> bool:
+    """Written by `generate_index` and holding nothing else: its marker, or (folders written before
+    the marker existed) exactly its files. A user's file added to it keeps it from being deleted."""
+    entries = {p.name for p in folder.iterdir()}
+    vectors = folder / "lancedb"
+    if not entries - {MARKER} <= _OUTPUT_FILES:
+        return False
+    if vectors.exists() and not (vectors.is_dir() and {p.name for p in vectors.iterdir()} <= _VECTOR_TABLES):
+        return False
+    return MARKER in entries or entries == _OUTPUT_FILES
+
+
 def generate_index(
     out_dir: str | Path,
     *,
@@ -114,15 +148,18 @@ def generate_index(
     relationships_per_entity: float = 2.0,
     entities_per_text_unit: int = 4,
     noise: float = 0.8,
+    overwrite: bool = False,
 ) -> Path:
     """Write a synthetic graphrag 3.x index with `n_entities` entities to `out_dir`; return its path.
-    Same arguments, same bytes of content (deterministic for a seed)."""
+    Same arguments, same bytes of content (deterministic for a seed). An existing `out_dir` is replaced
+    only when it is empty or a synthetic index written here before, or with `overwrite`; otherwise
+    FileExistsError (NotADirectoryError when it is a file)."""
     if n_entities < 16:
         raise ValueError(f"n_entities must be >= 16, got {n_entities}")
     out = Path(out_dir)
-    if out.exists():
-        shutil.rmtree(out)
+    _clear_output(out, overwrite)
     (out / "lancedb").mkdir(parents=True)
+    (out / MARKER).write_text(_MARKER_TEXT)  # first, so an interrupted run's folder is still recognised
     rng = np.random.default_rng(seed)
 
     # ---- communities and entities
@@ -338,12 +375,19 @@ def generate_index(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ingest.synthetic", description="Write a synthetic graphrag 3.x index.")
-    parser.add_argument("out", metavar="OUT", help="output folder (replaced if it exists)")
+    parser.add_argument(
+        "out", metavar="OUT",
+        help="output folder; an existing one is replaced only if it is empty or an earlier output of this tool",
+    )
     parser.add_argument("--entities", type=int, default=10_000, help="number of entities (default 10000)")
     parser.add_argument("--dim", type=int, default=1536, help="vector dimension (default 1536)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT whatever folder it is (deletes its contents)")
     args = parser.parse_args(argv)
-    path = generate_index(args.out, n_entities=args.entities, dim=args.dim, seed=args.seed)
+    try:
+        path = generate_index(args.out, n_entities=args.entities, dim=args.dim, seed=args.seed, overwrite=args.overwrite)
+    except (FileExistsError, NotADirectoryError, ValueError) as exc:  # the user's input: one line, exit 2
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     print(path)
     return 0
 

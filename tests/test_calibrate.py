@@ -189,7 +189,7 @@ def test_cli_target_recall_off_and_bad_values_and_inspect_shows_the_probing(tmp_
     assert "entities: IVF_RQ probes 7 of 35 partitions (store.search.nprobes, not the ingest calibration)" in capsys.readouterr().out
     monkeypatch.delenv("DRIFT_LANCE_STORE__SEARCH__NPROBES")
     assert cli_main(["ingest", str(src), "--db", db, "--ann-min-rows", "1000", "--target-recall", "off", "--no-progress"]) == 0
-    assert "probes 20 of 35 partitions (the default 30% of the partitions: not calibrated at ingest)" in capsys.readouterr().out
+    assert "probes 20 of 35 partitions (the floor store.search.min_nprobes = 20, as the default 30% of the partitions is only 11: not calibrated at ingest)" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["ingest", str(src), "--db", db, "--target-recall", "1.5"])
     assert exit_info.value.code == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from drift_lance import schema
 from drift_lance._lance_store import list_table_names, open_store
 from drift_lance.cli import main as cli_main
 from drift_lance.config.ingest import IngestConfig
-from drift_lance.errors import IngestError, StoreError
+from drift_lance.errors import ConfigError, IngestError, StoreError
 from drift_lance.testing import HashEmbedder
 from ingest.writer import PAUSE_ENV, IndexWriter
 
@@ -380,6 +381,61 @@ async def test_bad_input_leaves_existing_database_untouched(dulce_dir, tmp_path)
         assert await (await db.open_table(table)).version() == version
 
 
+@pytest.mark.parametrize(
+    ("file", "dropped", "expected"),
+    [
+        ("entities.parquet", ["description"], "table 'entities' has no optional column 'description' (filled with '' on every row)"),
+        ("relationships.parquet", ["weight", "description"],
+         "table 'relationships' has no optional columns 'description', 'weight' (filled with '', 1.0 on every row)"),
+        ("communities.parquet", ["title", "period"], "table 'communities' has no optional columns 'title', 'period' (filled with 'Community <community>', null on every row)"),
+        ("community_reports.parquet", ["findings", "rank"], "table 'community_reports' has no optional columns 'rank', 'findings' (filled with null, [] on every row)"),
+        ("text_units.parquet", ["document_id", "n_tokens"], "table 'text_units' has no optional columns 'document_ids', 'n_tokens' (filled with [], null on every row)"),
+        ("covariates.parquet", ["status"], "table 'covariates' has no optional column 'status' (filled with null on every row)"),
+        ("documents.parquet", ["text_unit_ids"], "table 'documents' has no optional column 'text_unit_ids' (filled with [] on every row)"),
+    ],
+    ids=["entities", "relationships", "communities", "community_reports", "text_units", "covariates", "documents"],
+)
+async def test_optional_columns_filled_with_defaults_are_named_in_a_warning(file, dropped, expected, dulce_dir, tmp_path, caplog):
+    """Accepted (graphrag variants lack some), but no longer silently: the data is poorer for it."""
+    src = copy_index(dulce_dir, tmp_path / "src", _change(file, lambda f: f.drop(dropped)))
+    with caplog.at_level(logging.WARNING, logger="ingest"):
+        report = await ingest.run_ingest(src, str(tmp_path / "db"), progress=False)
+    warning = f"{src / file}: {expected}"
+    assert report.warnings == [warning]
+    assert warning in caplog.text
+
+
+def test_cli_ingest_warns_about_optional_columns_it_filled(dulce_dir, tmp_path):
+    def cli(src: Path) -> subprocess.CompletedProcess[str]:  # a process of its own: the CLI's logging, not pytest's
+        return subprocess.run([sys.executable, "-m", "drift_lance", "ingest", str(src), "--db", str(tmp_path / "db"), "--no-progress"],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    src = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.drop("description")))
+    result = cli(src)
+    assert result.returncode == 0, result.stderr
+    assert f"{src / 'entities.parquet'}: table 'entities' has no optional column 'description' (filled with '' on every row)" in result.stderr
+    # the complete dulce index has every optional column: nothing to warn about
+    result = cli(dulce_dir)
+    assert result.returncode == 0 and "optional column" not in result.stderr, result.stderr
+
+
+def test_library_ingest_shows_no_lance_warnings_unless_asked(dulce_dir, tmp_path):
+    """`ingest.ingest` printed LanceDB's "No existing dataset at ..., it will be created" for every
+    table it created; `drift-lance ingest` did not."""
+    script = f"import ingest; ingest.ingest({str(dulce_dir)!r}, {str(tmp_path / 'db')!r}, progress=False)"
+    inherited = {k: v for k, v in os.environ.items() if k not in ("LANCE_LOG", "LANCEDB_LOG")}  # as importing ingest set them here
+
+    def run(**env: str) -> subprocess.CompletedProcess[str]:
+        shutil.rmtree(tmp_path / "db", ignore_errors=True)
+        return subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env={**inherited, **env})
+
+    quiet = run()
+    assert quiet.returncode == 0 and "No existing dataset" not in quiet.stderr, quiet.stderr
+    loud = run(LANCEDB_LOG="warn")  # a level the user set is kept
+    assert loud.returncode == 0 and "No existing dataset" in loud.stderr, loud.stderr
+
+
 def test_missing_folder_cli_exits_2(tmp_path, capsys):
     code = cli_main(["ingest", str(tmp_path / "nope"), "--db", str(tmp_path / "db"), "--no-progress"])
     assert code == 2
@@ -503,6 +559,46 @@ async def test_of_two_concurrent_ingests_the_later_commit_gives_way(dulce_dir, t
     await store.close()
 
 
+def test_of_two_concurrent_ingests_into_a_local_database_the_second_stops_at_once(dulce_dir, tmp_path, capsys):
+    """Both used to fail: each one's LanceDB commit conflict and rollback broke the other. The
+    second now finds the database locked before it reads its input, and the first completes."""
+    uri = str(tmp_path / "db")
+    ingest.ingest(dulce_dir, uri, progress=False)
+    smaller = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.head(-1)))
+    env = {**os.environ, PAUSE_ENV: "0.5", "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from drift_lance.cli import main; sys.exit(main())", "ingest", str(smaller), "--db", uri, "--no-progress"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stderr is not None
+        line = first.stderr.readline()
+        while line and "wrote table" not in line:
+            line = first.stderr.readline()
+        assert "wrote table entities" in line
+        first.send_signal(signal.SIGSTOP)  # frozen mid-write, holding the lock, for as long as the second takes
+        assert cli_main(["ingest", str(dulce_dir), "--db", uri, "--no-progress"]) == 2
+        first.send_signal(signal.SIGCONT)
+        assert first.wait(timeout=120) == 0, first.stderr.read()
+    finally:
+        first.send_signal(signal.SIGCONT)
+        first.kill()
+        first.wait(timeout=30)
+    err = capsys.readouterr().err
+    assert f"{uri}: another ingest (pid {first.pid}) is writing to this database; nothing was written" in err
+    import asyncio
+
+    async def check() -> None:
+        store = await open_store(uri)
+        assert store.manifest.generation == 2 and await store.count("entities") == 38  # the first one's
+        await store.close()
+
+    asyncio.run(check())
+
+
 async def test_a_first_ingest_refuses_tables_it_did_not_write(dulce_dir, tmp_path):
     """An existing LanceDB folder with its own 'entities' table: overwriting it (and deleting its
     versions) would destroy someone's data."""
@@ -562,6 +658,26 @@ async def test_ann_index_built_at_threshold(tmp_path):
     assert any(i.columns == ["vector"] for i in await table.list_indices())
 
 
+@pytest.mark.parametrize(
+    ("partitions", "expected"),
+    [
+        # 30% of 35 is 11: the floor decides (the line used to credit the 30%)
+        (35, "probes 20 of 35 partitions (the floor store.search.min_nprobes = 20, as the default 30% of the partitions is only 11: "
+             "not calibrated at ingest)"),
+        (100, "probes 30 of 100 partitions (the default 30% of the partitions: not calibrated at ingest)"),
+        (12, "probes 12 of 12 partitions (all of them, as the floor store.search.min_nprobes = 20 is more: not calibrated at ingest)"),
+    ],
+)
+def test_uncalibrated_probing_line_names_the_rule_that_decides(partitions, expected):
+    from drift_lance.cli.ingest_cmd import probing_line
+    from drift_lance.config.ingest import SearchTuning
+    from drift_lance.store import TableInfo
+
+    info = TableInfo(name="entities", version=1, rows=5000, vector_index="IVF_RQ", vector_index_params={"num_partitions": partitions})
+    assert SearchTuning().probing_for(info)[0] == int(expected.split()[1])  # the store probes what the line says
+    assert probing_line(info) == f"entities: IVF_RQ {expected}"
+
+
 def test_cli_ingest_and_inspect(dulce_dir, tmp_path, capsys):
     uri = str(tmp_path / "db")
     assert cli_main(["ingest", str(dulce_dir), "--db", uri, "--embedding-model", "text-embedding-3-large", "--no-progress"]) == 0
@@ -601,6 +717,42 @@ def test_cli_ingest_reads_the_settings_files_models_and_ingest_sections(carol_di
     assert cli_main(["inspect", "--db", uri, "--json"]) == 0
     tables = json.loads(capsys.readouterr().out)["manifest"]["tables"]
     assert tables["entities"]["vector_index"] and tables["entities"]["calibration"]["target_recall"] == 0.9
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--ann-min-rows", "-3"], "argument --ann-min-rows: expected a row count >= 1, got '-3'"),
+        # dulce needs no embedding, so the backend used to be accepted without ever being built
+        (["--embedder", "foo"], "--embedder: unknown embedding backend 'foo'; choose one of auto, azure, hash, local, openai"),
+        (["--db", ""], "argument --db: expected a LanceDB URI (a folder, s3://bucket/path, ...), got an empty string"),
+    ],
+    ids=["negative ann-min-rows", "unknown embedder", "empty db"],
+)
+def test_cli_ingest_rejects_invalid_values_naming_the_option(flags, expected, dulce_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an empty --db wrote every table here
+    try:
+        code = cli_main(["ingest", str(dulce_dir), "--db", str(tmp_path / "db"), "--no-progress", *flags])
+    except SystemExit as exit_info:  # argparse's errors
+        code = exit_info.code
+    assert code == 2
+    assert expected in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"config": IngestConfig().model_copy(update={"ann_min_rows": -3})}, "field ingest.ann_min_rows: Input should be greater than or equal to 1"),
+        ({"db_uri": ""}, "db_uri: empty"),
+    ],
+    ids=["unvalidated config", "empty db_uri"],
+)
+def test_library_ingest_rejects_invalid_arguments_naming_them(kwargs, expected, dulce_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        ingest.ingest(dulce_dir, **{"db_uri": str(tmp_path / "db"), **kwargs}, progress=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_relative_db_path_starting_with_db_is_a_local_folder(dulce_dir, tmp_path, capsys, monkeypatch):

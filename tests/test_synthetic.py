@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,54 @@ def test_module_cli(tmp_path):
 def test_rejects_tiny_sizes(tmp_path):
     with pytest.raises(ValueError, match="n_entities"):
         generate_index(tmp_path / "x", n_entities=3)
+
+
+def _module_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # without the log levels this process set by importing `ingest`: the child must set its own
+    inherited = {k: v for k, v in os.environ.items() if k not in ("LANCE_LOG", "LANCEDB_LOG")}
+    return subprocess.run([sys.executable, "-m", "ingest.synthetic", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**inherited, **env})
+
+
+def test_module_cli_shows_no_lance_warnings_unless_asked(tmp_path):
+    """Lance warned "No existing dataset at ..., it will be created" for each vector table written."""
+    quiet = _module_cli(str(tmp_path / "a"), "--entities", "100", "--dim", "8")
+    assert quiet.returncode == 0 and "No existing dataset" not in quiet.stderr, quiet.stderr
+    loud = _module_cli(str(tmp_path / "b"), "--entities", "100", "--dim", "8", LANCE_LOG="warn")  # the user's level is kept
+    assert loud.returncode == 0 and "No existing dataset" in loud.stderr, loud.stderr
+
+
+def test_module_cli_refuses_to_replace_a_folder_it_did_not_write(tmp_path):
+    """A user's notes were deleted: OUT was replaced whatever it held."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    result = _module_cli(str(out), "--entities", "100", "--dim", "8")
+    assert result.returncode == 2
+    assert f"{out}: folder is not empty and not a synthetic index written by this tool" in result.stderr
+    assert "--overwrite" in result.stderr and "Traceback" not in result.stderr
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
+    # asked for explicitly, it is replaced
+    assert _module_cli(str(out), "--entities", "100", "--dim", "8", "--overwrite").returncode == 0
+    assert not (out / "notes.txt").exists() and pl.read_parquet(out / "entities.parquet").height == 100
+
+
+def test_an_earlier_synthetic_index_is_replaced_unless_a_user_file_was_added(tmp_path):
+    out = generate_index(tmp_path / "idx", n_entities=100, dim=8, seed=1)
+    assert generate_index(out, n_entities=120, dim=8, seed=1) == out  # its own output: replaced
+    assert pl.read_parquet(out / "entities.parquet").height == 120
+    (out / ".drift-lance-synthetic").unlink()  # as written before the marker existed: known by its files
+    assert generate_index(out, n_entities=120, dim=8, seed=1) == out
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a synthetic index written by this tool"):
+        generate_index(out, n_entities=100, dim=8, seed=1)
+    assert (out / "notes.txt").read_text() == "keep me" and pl.read_parquet(out / "entities.parquet").height == 120
+
+
+def test_module_cli_output_path_that_is_a_file_is_a_clear_error(tmp_path):
+    out = tmp_path / "taken"
+    out.write_text("a file")
+    result = _module_cli(str(out), "--entities", "100", "--dim", "8")
+    assert result.returncode == 2, result.stderr
+    assert f"{out}: is a file, not a folder" in result.stderr and "Traceback" not in result.stderr
+    assert out.read_text() == "a file"

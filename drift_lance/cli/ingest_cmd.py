@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any, TextIO
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "new data is atomic: a failed or interrupted ingest leaves the previous database usable.",
     )
     parser.add_argument("src", metavar="SRC", help="GraphRAG output folder (the one holding the *.parquet files)")
-    parser.add_argument("--db", metavar="URI", required=True, help="LanceDB URI: a local path, s3://bucket/path, ...")
+    parser.add_argument("--db", metavar="URI", required=True, type=_db_uri, help="LanceDB URI: a local path, s3://bucket/path, ...")
     parser.add_argument("--reembed", action="store_true", help="recompute all vectors with the configured embedder")
     parser.add_argument(
         "--embedder", metavar="NAME",
@@ -37,14 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the model that made GraphRAG's stored vectors, recorded in the manifest (default: unknown)",
     )
     parser.add_argument(
-        "--ann-min-rows", type=int, metavar="N",
+        "--ann-min-rows", type=_row_count, metavar="N",
         help=f"build an ANN index on tables with >= N rows (default {defaults.ann_min_rows})",
     )
     parser.add_argument(
         "--target-recall", type=_target_recall, metavar="R", default=argparse.SUPPRESS,
         help="after building an ANN index, measure recall@10 on sample queries and record the fewest probed "
         f'partitions reaching R with 95%% confidence (default {defaults.target_recall}); "off" probes a fixed share of the partitions '
-        "(store.search.nprobes_fraction)",
+        "(store.search.nprobes_fraction), at least store.search.min_nprobes",
     )
     parser.add_argument(
         "--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
@@ -58,6 +59,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.set_defaults(func=run)
+
+
+def _db_uri(text: str) -> str:
+    # an empty path is the current directory to LanceDB: every table would land there
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a LanceDB URI (a folder, s3://bucket/path, ...), got an empty string")
+    return text
+
+
+def _row_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a row count >= 1, got {text!r}") from None
+    if value < 1:  # as IngestConfig.ann_min_rows; model_copy(update=...) would not check it
+        raise argparse.ArgumentTypeError(f"expected a row count >= 1, got {text!r}")
+    return value
+
+
+def _check_embedder(backend: str, from_flag: bool) -> None:
+    """An unknown backend is refused at once, not only when some table turns out to need vectors."""
+    from drift_lance.cli import UsageError
+    from drift_lance.models.registry import embedders
+
+    if backend != "auto" and backend not in embedders():
+        where = "--embedder" if from_flag else "models.embedding_backend"
+        raise UsageError(f"{where}: unknown embedding backend {backend!r}; choose one of auto, {', '.join(embedders())}")
 
 
 def _target_recall(text: str) -> float | None:
@@ -103,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     models = settings.models
     if args.embedder:
         models = models.model_copy(update={"embedding_backend": args.embedder})
+    _check_embedder(models.embedding_backend, from_flag=bool(args.embedder))
     report = ingest.ingest(
         args.src,
         args.db,
@@ -157,11 +186,25 @@ def probing_line(info: Any, tuning: Any = None) -> str:
             f"calibrated at ingest: recall@10 {c.recall_at_10:.3f}{_lower_bound(c)}, target {c.target_recall}, "
             f"{c.queries} sample queries, {c.seconds:.1f}s"
         )
-    elif source == "nprobes_fraction" and "nprobes_fraction" not in tuning.model_fields_set:
-        why = f"the default {tuning.nprobes_fraction:.0%} of the partitions: not calibrated at ingest"
+    elif source == "nprobes_fraction":
+        why = _share_or_floor(tuning, partitions, probes) + (", not the ingest calibration" if c else ": not calibrated at ingest")
     else:
         why = f"store.search.{source}" + (", not the ingest calibration" if c else "")
     return f"{info.name}: {info.vector_index} probes {probes} of {partitions} partitions ({why})"
+
+
+def _share_or_floor(tuning: Any, partitions: int, probes: int) -> str:
+    """Which rule of SearchTuning.probing gave an uncalibrated index `probes` probes: the share of
+    its partitions, or the min_nprobes floor when the share is smaller (capped at every partition)."""
+    share = math.ceil(tuning.nprobes_fraction * partitions)
+    of_partitions = f"{tuning.nprobes_fraction:.0%} of the partitions"
+    fraction = f"store.search.nprobes_fraction {of_partitions}" if "nprobes_fraction" in tuning.model_fields_set else f"the default {of_partitions}"
+    floor = f"the floor store.search.min_nprobes = {tuning.min_nprobes}"
+    if probes == share:
+        return fraction
+    if probes == tuning.min_nprobes:
+        return f"{floor}, as {fraction} is only {share}"
+    return f"all of them, as {floor} is more"
 
 
 def _lower_bound(calibration: Any) -> str:
