@@ -496,25 +496,33 @@ async def test_failure_midway_rolls_back_to_previous_versions(dulce_dir, tmp_pat
     assert await latest_rows(uri, "entities") == 39  # restored, not only pinned
 
 
+def ingest_paused_after_entities(src, uri: str, *, pause_s: float) -> subprocess.Popen:
+    """`drift-lance ingest src --db uri` in a subprocess that pauses `pause_s` after each table,
+    returned once it has written (not committed) the entities table."""
+    env = {**os.environ, PAUSE_ENV: str(pause_s), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from drift_lance.cli import main; sys.exit(main())", "ingest", str(src), "--db", uri, "--no-progress"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    while line and "wrote table" not in line:
+        line = proc.stderr.readline()
+    assert "wrote table entities" in line, "the ingest did not reach its first table"
+    return proc
+
+
 def test_killed_ingest_leaves_previous_database_usable(dulce_dir, tmp_path):
     uri = str(tmp_path / "db")
     ingest.ingest(dulce_dir, uri, progress=False)
     removed = pl.read_parquet(dulce_dir / "entities.parquet")["title"][-1]
     src = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.head(-1)))
-    env = {**os.environ, PAUSE_ENV: "300", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from drift_lance.cli import main; sys.exit(main())", "ingest", str(src), "--db", uri, "--no-progress"],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = ingest_paused_after_entities(src, uri, pause_s=300)
     try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        while line and "wrote table" not in line:
-            line = proc.stderr.readline()
-        assert "wrote table entities" in line  # paused before the next table: kill it now
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(signal.SIGKILL)  # paused before the next table: kill it now
     finally:
         proc.kill()
         proc.wait(timeout=30)
@@ -565,20 +573,8 @@ def test_of_two_concurrent_ingests_into_a_local_database_the_second_stops_at_onc
     uri = str(tmp_path / "db")
     ingest.ingest(dulce_dir, uri, progress=False)
     smaller = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.head(-1)))
-    env = {**os.environ, PAUSE_ENV: "0.5", "PYTHONPATH": str(REPO)}
-    first = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from drift_lance.cli import main; sys.exit(main())", "ingest", str(smaller), "--db", uri, "--no-progress"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = ingest_paused_after_entities(smaller, uri, pause_s=0.5)
     try:
-        assert first.stderr is not None
-        line = first.stderr.readline()
-        while line and "wrote table" not in line:
-            line = first.stderr.readline()
-        assert "wrote table entities" in line
         first.send_signal(signal.SIGSTOP)  # frozen mid-write, holding the lock, for as long as the second takes
         assert cli_main(["ingest", str(dulce_dir), "--db", uri, "--no-progress"]) == 2
         first.send_signal(signal.SIGCONT)
