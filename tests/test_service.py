@@ -615,6 +615,40 @@ def test_saturated_server_answers_429_with_retry_after(service_settings, live_se
     assert after.status_code == 200, "the slot is released after a search"
 
 
+@pytest.mark.parametrize("ends", ["done", "error"])
+async def test_a_streamed_search_frees_its_slot_before_the_client_sees_the_stream_end(ends):
+    """A client that reads a stream to its end and then starts its next search must find the slot
+    free: it was released after the last byte went out, and the next request could arrive first
+    (4 callers running one stream at a time got 429s)."""
+    from drift_lance.drift.result import SearchResult
+    from drift_lance.service.errors import ApiError
+    from drift_lance.service.sse import SearchEventStream
+
+    released = []
+
+    async def run(sink):
+        if ends == "error":
+            raise RuntimeError("the model failed")
+        return SearchResult(response="answer")
+
+    stream = SearchEventStream(
+        run, timeout=5, keepalive=1, map_error=lambda exc: ApiError(500, "internal", str(exc)),
+        on_finish=lambda: released.append(True), track=lambda task: None,
+    )
+    seen_at_end = []
+
+    async def send(message):
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            seen_at_end.append(list(released))
+
+    async def receive():
+        await asyncio.Event().wait()  # the client stays connected
+
+    await stream({"type": "http"}, receive, send)
+    assert seen_at_end == [[True]], "the slot was still held when the stream's end was sent"
+    assert released == [True]  # and released once
+
+
 def test_client_disconnect_cancels_blocking_search_and_its_llm_calls(service_settings, live_server):
     model = GatedChatModel()
     srv = start(live_server, service_settings, model)

@@ -2,6 +2,8 @@
 
 A plain ASGI response (not StreamingResponse) so that every exit path — normal end, error, timeout,
 client disconnect, server shutdown — runs the same `finally`: cancel the search, release its slot.
+A search that ends releases its slot before its final event is sent: a client that reads a stream
+to its end and then starts the next search must find the slot free.
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ class SearchEventStream:
         self._track = track
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._on_finish()
+
         queue: asyncio.Queue[SearchEvent] = asyncio.Queue()
         search = asyncio.create_task(self._run(queue.put_nowait))
         self._track(search)
@@ -84,7 +94,7 @@ class SearchEventStream:
                         ],
                     }
                 )
-                await self._pump(queue, search, gone, send)
+                await self._pump(queue, search, gone, send, release)
         except OSError:
             pass  # the client went away mid-write; the finally cancels the search
         except TimeoutError:
@@ -94,9 +104,12 @@ class SearchEventStream:
             if not search.done():
                 search.cancel()
             await asyncio.gather(search, gone, return_exceptions=True)
-            self._on_finish()
+            release()
 
-    async def _pump(self, queue: asyncio.Queue[SearchEvent], search: asyncio.Task, gone: asyncio.Task, send: Send) -> None:
+    async def _pump(
+        self, queue: asyncio.Queue[SearchEvent], search: asyncio.Task, gone: asyncio.Task, send: Send,
+        release: Callable[[], None],
+    ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         event_id = 0
@@ -127,7 +140,9 @@ class SearchEventStream:
                 return
             await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
 
-        # The search finished: flush the events it queued, then the final event.
+        # The search finished: its slot is free before the client can see the stream end. Then flush
+        # the events it queued, and the final event.
+        release()
         while not queue.empty():
             event = queue.get_nowait()
             await emit(event.event, event.data)
