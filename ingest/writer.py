@@ -109,6 +109,7 @@ class IndexWriter:
         self.timings = WriteTimings()
         self._db: Any = None
         self._previous: Manifest | None = None
+        self._manifests: list[Manifest] = []  # every generation's, oldest first, when opened
         self._touched: list[str] = []
 
     async def open(self) -> Manifest | None:
@@ -123,6 +124,7 @@ class IndexWriter:
         except Exception as exc:  # noqa: BLE001 - connection errors differ per backend
             raise describe_open_failure(self.uri, exc) from exc
         self._previous = manifests[-1] if manifests else None
+        self._manifests = manifests
         if self._previous is None:
             await self._check_no_foreign_tables()
         return self._previous
@@ -286,12 +288,16 @@ class IndexWriter:
             except Exception as exc:  # noqa: BLE001 - best effort: the manifest still pins the old versions
                 log.warning("%s: could not roll back table %r: %s", self.uri, name, exc)
 
+    def _kept_generations(self, manifest: Manifest) -> list[Manifest]:
+        return kept_generations([*self._manifests, manifest], datetime.now(UTC), self.config.keep_replaced_seconds)
+
     async def _cleanup(self, manifest: Manifest) -> None:
-        """Delete table versions older than the one the previous manifest pins (that one stays, so
-        a reader still on the previous generation keeps working)."""
-        pinned_before = self._previous.tables if self._previous else {}
+        """Delete table versions older than the ones the kept generations pin: the previous one, and
+        every one replaced less than `keep_replaced_seconds` ago, so searches and replicas still on
+        them keep working."""
+        kept = self._kept_generations(manifest)
         for name, info in manifest.tables.items():
-            keep_from = pinned_before[name].version if name in pinned_before else info.version
+            keep_from = min((m.tables[name].version for m in kept if name in m.tables), default=info.version)
             try:
                 handle = await self._db.open_table(name)
                 old = [v["version"] for v in await handle.list_versions() if v["version"] < keep_from]
@@ -306,12 +312,31 @@ class IndexWriter:
                 )
             except Exception as exc:  # noqa: BLE001 - cleanup failing must not fail a finished ingest
                 log.warning("%s: could not clean up old versions of table %r: %s", self.uri, name, exc)
-        if self._previous is not None:  # generations before the previous one have no data left
+        if kept[0].generation < manifest.generation:  # generations before the kept ones have no data left
             try:
                 manifests = await self._db.open_table(schema.MANIFEST_TABLE)
-                await manifests.delete(f"generation < {self._previous.generation}")
+                await manifests.delete(f"generation < {kept[0].generation}")
             except Exception as exc:  # noqa: BLE001 - as above
                 log.warning("%s: could not drop the manifests of cleaned-up generations: %s", self.uri, exc)
+
+
+def kept_generations(manifests: list[Manifest], now: datetime, keep_replaced_seconds: float) -> list[Manifest]:
+    """The generations whose data an ingest's cleanup keeps, oldest first: the newest two, and every
+    older one whose successor was ingested less than `keep_replaced_seconds` before `now`."""
+    oldest = max(len(manifests) - 2, 0)
+    while oldest > 0 and _age_seconds(manifests[oldest].ingested_at, now) < keep_replaced_seconds:
+        oldest -= 1  # manifests[oldest] replaced manifests[oldest - 1] recently: keep that one too
+    return manifests[oldest:]
+
+
+def _age_seconds(ingested_at: str, now: datetime) -> float:
+    try:
+        when = datetime.fromisoformat(ingested_at)
+    except ValueError:
+        return math.inf  # unreadable: not evidence of a recent replacement
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return (now - when).total_seconds()
 
 
 def _is_commit_conflict(exc: Exception) -> bool:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import lancedb
@@ -23,10 +24,11 @@ import ingest
 from drift_lance import schema
 from drift_lance._lance_store import list_table_names, open_store
 from drift_lance.cli import main as cli_main
-from drift_lance.config.ingest import IngestConfig
+from drift_lance.config.ingest import IngestConfig, StoreConfig
 from drift_lance.errors import ConfigError, IngestError, StoreError
 from drift_lance.testing import HashEmbedder
-from ingest.writer import PAUSE_ENV, IndexWriter
+from drift_lance.store import Manifest
+from ingest.writer import PAUSE_ENV, IndexWriter, kept_generations
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -455,9 +457,10 @@ def test_not_a_graphrag_folder(tmp_path):
 
 async def test_rerun_is_idempotent_and_old_versions_are_cleaned(dulce_dir, tmp_path):
     uri = str(tmp_path / "db")
-    first = await ingest.run_ingest(dulce_dir, uri, progress=False)
-    second = await ingest.run_ingest(dulce_dir, uri, progress=False)
-    third = await ingest.run_ingest(dulce_dir, uri, progress=False)
+    config = IngestConfig(keep_replaced_seconds=0)  # only the previous generation's data is kept
+    first = await ingest.run_ingest(dulce_dir, uri, config=config, progress=False)
+    second = await ingest.run_ingest(dulce_dir, uri, config=config, progress=False)
+    third = await ingest.run_ingest(dulce_dir, uri, config=config, progress=False)
     assert (first.manifest.generation, second.manifest.generation, third.manifest.generation) == (1, 2, 3)
     assert first.rows == second.rows == third.rows
     store = await open_store(uri)
@@ -473,6 +476,36 @@ async def test_rerun_is_idempotent_and_old_versions_are_cleaned(dulce_dir, tmp_p
     previous = await open_store(uri, generation=2)
     assert await previous.count("entities") == 39
     assert (await previous.scan("entities", limit=1)).height == 1
+
+
+async def test_a_search_on_a_generation_replaced_twice_still_reads_its_rows(dulce_dir, tmp_path):
+    """A store opened on generation 1 (a long DRIFT query, a replica that has not reloaded) keeps
+    working through two more ingests: a generation replaced less than keep_replaced_seconds ago
+    keeps its data. Its follow-ups used to fail with 'Version N no longer exists'."""
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(dulce_dir, uri, progress=False)
+    on_first = await open_store(uri, config=StoreConfig(table_cache_bytes=0, vector_cache_bytes=0))
+    smaller = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.head(-1)))
+    await ingest.run_ingest(smaller, uri, progress=False)
+    third = await ingest.run_ingest(smaller, uri, progress=False)
+    assert third.manifest.generation == 3
+    assert await on_first.count("entities") == 39
+    assert (await on_first.scan("entities", columns=["title", "description"])).height == 39
+    await on_first.close()
+
+
+def test_kept_generations_are_the_newest_two_and_those_replaced_recently():
+    def made(generation: int, minutes_ago: float) -> Manifest:
+        at = datetime(2026, 12, 7, 12, 0, tzinfo=UTC) - timedelta(minutes=minutes_ago)
+        return Manifest(generation=generation, source_path="src", layout="graphrag3", tables={}, vectors={},
+                        ingested_at=at.isoformat(timespec="seconds"), drift_lance_version="test")
+
+    now = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    history = [made(1, 60), made(2, 30), made(3, 8), made(4, 2), made(5, 0)]
+    kept = [m.generation for m in kept_generations(history, now, keep_replaced_seconds=600)]
+    assert kept == [2, 3, 4, 5]  # 2 was replaced by 3 eight minutes ago; 1 by 2 half an hour ago
+    assert [m.generation for m in kept_generations(history, now, keep_replaced_seconds=0)] == [4, 5]
+    assert [m.generation for m in kept_generations(history[:1], now, keep_replaced_seconds=600)] == [1]
 
 
 async def test_failure_midway_rolls_back_to_previous_versions(dulce_dir, tmp_path, monkeypatch):
@@ -628,8 +661,9 @@ def test_lances_concurrent_writer_errors_are_recognised_as_such(tmp_path):
     assert not _is_commit_conflict(RuntimeError("lance error: Not found: x.lance/data/1.lance"))
 
 
-def test_generations_whose_data_was_cleaned_up_are_not_listed(dulce_dir, tmp_path, capsys):
+def test_generations_whose_data_was_cleaned_up_are_not_listed(dulce_dir, tmp_path, capsys, monkeypatch):
     uri = str(tmp_path / "db")
+    monkeypatch.setenv("DRIFT_LANCE_INGEST__KEEP_REPLACED_SECONDS", "0")  # only the previous one is kept
     for _ in range(3):
         assert cli_main(["ingest", str(dulce_dir), "--db", uri, "--no-progress"]) == 0
     capsys.readouterr()

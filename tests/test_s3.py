@@ -445,13 +445,16 @@ async def test_reingest_on_s3_keeps_the_previous_generation_and_cleans_older(loc
     import ingest
     from drift_lance._lance_store import open_store
 
+    from drift_lance.config.ingest import IngestConfig
+
     options = local_s3.storage_options()
+    config = IngestConfig(keep_replaced_seconds=0)  # generation 1 was replaced long enough ago
     for _ in range(2):
-        await ingest.run_ingest(dulce_dir, s3_uri, storage_options=options, progress=False)
+        await ingest.run_ingest(dulce_dir, s3_uri, config=config, storage_options=options, progress=False)
     first = await open_store(s3_uri, storage_options=options, generation=1)
     first_version = first.manifest.tables["entities"].version
     await first.close()
-    await ingest.run_ingest(dulce_dir, s3_uri, storage_options=options, progress=False)
+    await ingest.run_ingest(dulce_dir, s3_uri, config=config, storage_options=options, progress=False)
     from drift_lance._lancedb import lancedb
 
     db = await lancedb.connect_async(s3_uri, storage_options=options)

@@ -142,3 +142,6 @@ class IngestConfig(BaseModel):
     scalar_indexes: bool = True
     # Delete table versions older than the one the previous manifest pins, after a successful ingest.
     cleanup_old_versions: bool = True
+    # ... except those of generations replaced less than this long ago: a search (or a replica that
+    # has not reloaded yet) still on such a generation finishes, however many ingests follow it.
+    keep_replaced_seconds: float = Field(default=600.0, ge=0)
