@@ -432,6 +432,35 @@ def test_a_new_generation_with_a_missing_file_is_not_switched_to(tmp_path, servi
         assert client.get("/v1/index").json()["generation"] == 2
 
 
+def test_a_search_on_a_generation_deleted_by_cleanup_switches_and_answers_503(tmp_path, service_settings, live_server):
+    """A replica that did not reload while two ingests replaced its generation and the cleanup
+    deleted it: the failing search switches the replica to the newest generation and answers 503
+    generation_gone with Retry-After, not an opaque 500 on every search until someone reloads."""
+    import ingest
+    from drift_lance.config.ingest import IngestConfig
+    from drift_lance.sample.builder import build_sample_index
+    from drift_lance.service.engine import EngineBackend
+    from drift_lance.testing import HashEmbedder
+
+    source = build_sample_index(tmp_path / "graphrag")
+    db = str(tmp_path / "db")
+    ingest.ingest(source, db, embedder=HashEmbedder(64), progress=False)
+    settings = service_settings.with_updates({
+        "db": db, "store.reload_interval_seconds": 0, "store.table_cache_bytes": 0, "store.vector_cache_bytes": 0,
+    })
+    srv = live_server(create_app(settings, backend=EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))))
+    for _ in range(2):  # generation 1, replaced by 2 and not kept: deleted by the third ingest's cleanup
+        ingest.ingest(source, db, embedder=HashEmbedder(64), config=IngestConfig(keep_replaced_seconds=0), progress=False)
+    query = {"query": "Who leads the squad?", "method": "local"}
+    with srv.client() as client:
+        gone = client.post("/v1/search", json=query)
+        assert gone.status_code == 503 and _error(gone)["code"] == "generation_gone"
+        assert gone.headers["Retry-After"] == "0"
+        assert "generation 1 was deleted by a later ingest" in _error(gone)["message"]
+        assert client.get("/v1/index").json()["generation"] == 3
+        assert client.post("/v1/search", json=query).status_code == 200
+
+
 # ------------------------------------------------------------------------------------------ auth
 
 

@@ -153,9 +153,34 @@ class EngineBackend:
     ) -> SearchResult:
         # The whole search runs on one generation, even if a reload switches meanwhile.
         async with self._lease_store() as store:
-            if method == "drift":
-                return await self._drift(store, query, config, on_event)
-            return await self._local(store, query, config, on_event)
+            try:
+                if method == "drift":
+                    return await self._drift(store, query, config, on_event)
+                return await self._local(store, query, config, on_event)
+            except Exception as exc:
+                await self._raise_if_generation_gone(store, exc)
+                raise
+
+    async def _raise_if_generation_gone(self, store: IndexStore, exc: Exception) -> None:
+        """A search that failed because a later ingest's cleanup deleted the generation it ran on
+        (a replica that had not reloaded for longer than ingest.keep_replaced_seconds): switch to the
+        newest generation now and answer 503, so the client's retry runs on data that exists."""
+        served = store.manifest.generation
+        try:
+            gone = served not in await store.generations()
+        except Exception:  # noqa: BLE001 - the manifest table unreadable too: report the search's own error
+            return
+        if not gone:
+            return
+        from drift_lance.service.errors import ApiError
+
+        result = await self.reload()
+        raise ApiError(
+            503, "generation_gone",
+            f"generation {served} was deleted by a later ingest while this replica served it; now serving generation "
+            f"{result.generation}, retry the search",
+            headers={"Retry-After": "0"},
+        ) from exc
 
     async def close(self) -> None:
         if self._reload_task is not None:
