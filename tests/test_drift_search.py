@@ -323,6 +323,29 @@ async def test_streamed_and_blocking_reduce_match_and_tokens_add_up(store):
         assert all(result.prompt_tokens_categories[s] > 0 for s in ("build_context", "primer", "action", "reduce"))
 
 
+async def test_callbacks_may_be_one_object_or_a_list(store):
+    """`callbacks=` takes one callbacks object as well as a sequence, on the search and per query."""
+    class Counter(DriftCallbacks):
+        def __init__(self):
+            self.reduced = 0
+
+        def on_reduce_end(self, response):
+            self.reduced += 1
+
+    on_search, per_query, in_list = Counter(), Counter(), Counter()
+    search = make_search(store, ScriptedChatModel(drift_responder()), drift_k_followups=1, primer_folds=1, n_depth=1)
+    search.callbacks = [on_search]
+    await search.search("Who leads the Dulce base?", callbacks=per_query)
+    stream = search.stream_search("Who leads the Dulce base?", callbacks=per_query)
+    _ = [delta async for delta in stream]
+    await search.search("Who leads the Dulce base?", callbacks=(in_list,))
+    assert (on_search.reduced, per_query.reduced, in_list.reduced) == (3, 2, 1)
+    one = DRIFTSearch(store=store, chat_model=ScriptedChatModel(drift_responder()), embedder=search.embedder,
+                      context_builder=search.context_builder, tokenizer=search.tokenizer, config=search.config,
+                      callbacks=Counter())
+    assert len(one.callbacks) == 1
+
+
 async def test_settings_reach_the_model_calls_and_prompts(store):
     chat = ScriptedChatModel(drift_responder())
     search = make_search(

@@ -13,7 +13,7 @@ from typing import Any
 
 from drift_lance.drift.action import DriftAction
 
-__all__ = ["DriftCallbacks", "emit"]
+__all__ = ["DriftCallbacks", "as_callback_list", "emit"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,15 @@ class DriftCallbacks:
 
     def on_reduce_end(self, response: str) -> Any:
         """The final answer."""
+
+
+def as_callback_list(callbacks: DriftCallbacks | Sequence[DriftCallbacks] | None) -> list[DriftCallbacks]:
+    """`callbacks=` as a list: one callbacks object or a sequence of them (or None) are accepted."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, (list, tuple)):
+        return list(callbacks)
+    return [callbacks]  # type: ignore[list-item]
 
 
 async def emit(callbacks: Sequence[DriftCallbacks], event: str, *args: Any) -> None:

@@ -21,7 +21,7 @@ import polars as pl
 
 from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.drift.action import ActionAnswer, DriftAction
-from drift_lance.drift.callbacks import DriftCallbacks, emit
+from drift_lance.drift.callbacks import DriftCallbacks, as_callback_list, emit
 from drift_lance.drift.llm import BoundedChat
 from drift_lance.drift.primer import DRIFTPrimer, check_embedder, failed_call_usage
 from drift_lance.drift.prompts import DriftPrompts, load_prompts
@@ -84,7 +84,7 @@ class DRIFTSearch:
         tokenizer: Any,
         config: DRIFTSearchConfig | None = None,
         prompts: DriftPrompts | None = None,
-        callbacks: Sequence[DriftCallbacks] = (),
+        callbacks: DriftCallbacks | Sequence[DriftCallbacks] = (),
         owns_store: bool = False,
         owned_models: Sequence[object] = (),
     ):
@@ -95,14 +95,16 @@ class DRIFTSearch:
         self.tokenizer = tokenizer
         self.config, self._follow_up_budget = _fit_budgets_to_model(config or DRIFTSearchConfig(), chat_model)
         self.prompts = prompts or load_prompts(self.config)
-        self.callbacks = list(callbacks)
+        self.callbacks = as_callback_list(callbacks)
         self._owns_store = owns_store
         self._owned_models = list(owned_models)
         self._closed = False
         check_embedder(store, embedder)
 
     # ------------------------------------------------------------------ public API
-    async def search(self, query: str, *, reduce: bool = True, callbacks: Sequence[DriftCallbacks] = ()) -> SearchResult:
+    async def search(
+        self, query: str, *, reduce: bool = True, callbacks: DriftCallbacks | Sequence[DriftCallbacks] = ()
+    ) -> SearchResult:
         """Run the whole query; with `reduce=False` the response is the action graph."""
         run = self._new_run(query, callbacks)
         await self._explore(run)
@@ -114,7 +116,7 @@ class DRIFTSearch:
         await emit(run.callbacks, "on_reduce_end", result.text)
         return self._result(run, response=result.text)
 
-    def stream_search(self, query: str, *, callbacks: Sequence[DriftCallbacks] = ()) -> DriftStream:
+    def stream_search(self, query: str, *, callbacks: DriftCallbacks | Sequence[DriftCallbacks] = ()) -> DriftStream:
         """`async for token in stream` yields the reduce deltas; `stream.result` is the full
         SearchResult once the stream is exhausted."""
         return DriftStream(self, query, callbacks)
@@ -136,7 +138,7 @@ class DRIFTSearch:
         await self.close()
 
     # ------------------------------------------------------------------ stages
-    def _new_run(self, query: str, callbacks: Sequence[DriftCallbacks]) -> _Run:
+    def _new_run(self, query: str, callbacks: DriftCallbacks | Sequence[DriftCallbacks]) -> _Run:
         if self._closed:
             raise ConfigError(f"this DRIFTSearch on {self.store.uri} is closed")
         if not query or not query.strip():
@@ -146,7 +148,7 @@ class DRIFTSearch:
             query=query.strip(),
             chat=BoundedChat(self.chat_model, concurrency=cfg.concurrency, timeout=cfg.llm_timeout),
             rng=random.Random(cfg.seed),
-            callbacks=[*self.callbacks, *callbacks],
+            callbacks=[*self.callbacks, *as_callback_list(callbacks)],
             context_slots=asyncio.Semaphore(cfg.context_concurrency),
         )
 
@@ -323,7 +325,7 @@ class DRIFTSearch:
 class DriftStream(GeneratorStream):
     """Reduce deltas of one DRIFT query; `result` is set once the stream has been exhausted."""
 
-    def __init__(self, search: DRIFTSearch, query: str, callbacks: Sequence[DriftCallbacks]):
+    def __init__(self, search: DRIFTSearch, query: str, callbacks: DriftCallbacks | Sequence[DriftCallbacks]):
         super().__init__()
         self._search = search
         self._query = query
@@ -408,7 +410,7 @@ async def open_drift_search(
     storage_options: dict[str, str] | None = None,
     model_settings: Any = None,
     local_config: Any = None,
-    callbacks: Sequence[DriftCallbacks] = (),
+    callbacks: DriftCallbacks | Sequence[DriftCallbacks] = (),
 ) -> DRIFTSearch:
     """A ready DRIFTSearch on the index at `db_uri`. Models not given are built from
     `model_settings` (default: from the environment; embedded offline models when no OpenAI endpoint
