@@ -461,6 +461,22 @@ def test_a_search_on_a_generation_deleted_by_cleanup_switches_and_answers_503(tm
         assert client.post("/v1/search", json=query).status_code == 200
 
 
+@pytest.mark.parametrize("method", ["drift", "local"])
+def test_a_search_without_context_leaves_out_the_context_tables(service_settings, live_server, method):
+    srv = start(live_server, service_settings, scripted_drift_model())
+    query = {"query": "Who leads the squad?", "method": method, "config": {"drift_k_followups": 2, "n_depth": 1} if method == "drift" else {}}
+    with srv.client() as client:
+        full = client.post("/v1/search", json=query).json()
+        lean_response = client.post("/v1/search", json={**query, "include_context": False})
+    lean = lean_response.json()
+    assert lean_response.status_code == 200 and full["context_data"] and full["context_text"]
+    assert lean["context_data"] == {} and lean["context_text"] == ""
+    assert lean["response"] == full["response"] and lean["llm_calls_categories"] == full["llm_calls_categories"]
+    assert len(lean_response.content) < len(json.dumps(full)) / 2
+    if method == "drift":
+        assert lean["state"]["nodes"] and lean["state"] == full["state"]
+
+
 # ------------------------------------------------------------------------------------------ auth
 
 

@@ -70,6 +70,11 @@ class SearchRequest(BaseModel):
         json_schema_extra={"properties": {**_override_properties(DRIFTSearchConfig), **_override_properties(LocalSearchConfig)},
                            "additionalProperties": False},
     )
+    include_context: bool = Field(
+        True,
+        description="false: leave out `context_data` and `context_text` (for DRIFT, every follow-up's tables: "
+        "megabytes on a large index); the answer, usage and action graph stay. Streams never carry them.",
+    )
 
 
 class Health(BaseModel):
@@ -287,6 +292,8 @@ def _api_routes(state: _ServiceState) -> APIRouter:
             raise _map_search_error(exc) from exc
         finally:
             state.slots.release()
+        if not body.include_context:
+            result = result.model_copy(update={"context_data": {}, "context_text": ""})
         return JSONResponse(_public_result(result.model_dump(mode="json")))
 
     @router.post(
