@@ -346,6 +346,36 @@ async def test_callbacks_may_be_one_object_or_a_list(store):
     assert len(one.callbacks) == 1
 
 
+async def test_every_model_call_of_a_query_carries_the_query_start_as_its_rank(store):
+    """What the process-wide limiter serves oldest first: one rank per query, HyDE to reduce."""
+    from drift_lance.models.limits import _search_started
+
+    class RankRecorder:
+        def __init__(self):
+            self.inner = ScriptedChatModel(drift_responder())
+            self.model_id = self.inner.model_id
+            self.ranks: list[float | None] = []
+
+        async def complete(self, messages, **kwargs):
+            self.ranks.append(_search_started.get())
+            return await self.inner.complete(messages, **kwargs)
+
+        def stream(self, messages, **kwargs):
+            self.ranks.append(_search_started.get())
+            return self.inner.stream(messages, **kwargs)
+
+    chat = RankRecorder()
+    search = make_search(store, chat, drift_k_followups=2, primer_folds=2, n_depth=1)
+    await search.search("Who leads the Dulce base?")
+    first = list(chat.ranks)
+    chat.ranks.clear()
+    _ = [delta async for delta in search.stream_search("Who leads the Dulce base?")]
+    second = chat.ranks
+    assert len(first) >= 5 and len(set(first)) == 1 and first[0] is not None
+    assert len(second) >= 5 and len(set(second)) == 1 and second[0] > first[0]
+    assert _search_started.get() is None  # nothing left set after the queries
+
+
 async def test_settings_reach_the_model_calls_and_prompts(store):
     chat = ScriptedChatModel(drift_responder())
     search = make_search(

@@ -353,6 +353,36 @@ async def test_cancelled_callers_free_their_slots(openai_server, openai_settings
     assert (await chat.complete(USER)).text == "ok"
 
 
+async def test_a_freed_slot_goes_to_the_call_of_the_earliest_search(openai_server, openai_settings):
+    """Under load, the calls of the search that started first are served first (then arrival order);
+    a call of no search ranks by when it asked."""
+    import time
+
+    from drift_lance.models.limits import calls_ranked_from
+
+    # the first call holds the only slot while the others queue up behind it
+    openai_server.on_chat = lambda request: Reply(text="ok", delay=1.0 if request.messages[-1]["content"] == "holder" else 0.01)
+    chat = _chat(openai_settings, max_concurrency=1)
+    now = time.monotonic()
+
+    async def call(name: str, search_started: float | None) -> None:
+        if search_started is None:
+            await chat.complete([Message("user", name)])
+            return
+        with calls_ranked_from(search_started):
+            await chat.complete([Message("user", name)])
+
+    holder = asyncio.create_task(call("holder", None))
+    await _eventually(lambda: openai_server.in_flight == 1)
+    waiting = []
+    for name, started in [("later-0", now - 50), ("later-1", now - 50), ("no search", None), ("earlier-0", now - 100), ("earlier-1", now - 100)]:
+        waiting.append(asyncio.create_task(call(name, started)))
+        await _eventually(lambda: chat.limiter.waiting == len(waiting))
+    await asyncio.gather(holder, *waiting)
+    order = [r.messages[-1]["content"] for r in openai_server.chat_requests]
+    assert order == ["holder", "earlier-0", "earlier-1", "later-0", "later-1", "no search"]
+
+
 def test_limiter_works_across_event_loops(openai_server, openai_settings):
     openai_server.on_chat = lambda request: Reply(text="ok", delay=0.01)
     chat = _chat(openai_settings, max_concurrency=3)

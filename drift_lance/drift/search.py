@@ -28,6 +28,7 @@ from drift_lance.drift.prompts import DriftPrompts, load_prompts
 from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
 from drift_lance.drift.state import QueryState
 from drift_lance.errors import ConfigError
+from drift_lance.models.limits import calls_ranked_from
 from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, aclose_models, fit_to_window
 from drift_lance.store import IndexStore
 
@@ -106,6 +107,10 @@ class DRIFTSearch:
         self, query: str, *, reduce: bool = True, callbacks: DriftCallbacks | Sequence[DriftCallbacks] = ()
     ) -> SearchResult:
         """Run the whole query; with `reduce=False` the response is the action graph."""
+        with calls_ranked_from():  # under load, an earlier query's model calls go first
+            return await self._search(query, reduce=reduce, callbacks=callbacks)
+
+    async def _search(self, query: str, *, reduce: bool, callbacks: DriftCallbacks | Sequence[DriftCallbacks]) -> SearchResult:
         run = self._new_run(query, callbacks)
         await self._explore(run)
         if not reduce:
@@ -333,6 +338,11 @@ class DriftStream(GeneratorStream):
         self.result: SearchResult | None = None
 
     async def _run(self) -> AsyncIterator[str]:
+        with calls_ranked_from():  # under load, an earlier query's model calls go first
+            async for delta in self._deltas():
+                yield delta
+
+    async def _deltas(self) -> AsyncIterator[str]:
         search = self._search
         run = search._new_run(self._query, self._callbacks)
         await search._explore(run)
