@@ -13,6 +13,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,8 +29,8 @@ from drift_lance.drift.prompts import DriftPrompts, load_prompts
 from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
 from drift_lance.drift.state import QueryState
 from drift_lance.errors import ConfigError
-from drift_lance.models.limits import calls_ranked_from
 from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, aclose_models, fit_to_window
+from drift_lance.models.limits import calls_ranked_from
 from drift_lance.store import IndexStore
 
 __all__ = ["ContextBuilder", "DRIFTSearch", "DriftStream", "local_config_for_drift", "open_drift_search"]
@@ -339,8 +340,9 @@ class DriftStream(GeneratorStream):
 
     async def _run(self) -> AsyncIterator[str]:
         with calls_ranked_from():  # under load, an earlier query's model calls go first
-            async for delta in self._deltas():
-                yield delta
+            async with aclosing(self._deltas()) as deltas:  # a stream left early closes its model call now
+                async for delta in deltas:
+                    yield delta
 
     async def _deltas(self) -> AsyncIterator[str]:
         search = self._search
