@@ -342,3 +342,19 @@ def test_ingest_inspect_and_query_through_the_real_entry_point(dulce_dir, tmp_pa
         assert nx.read_graphml(tmp_path / "graph.graphml").nodes["0"]["query"] == "Who leads the Dulce mission?"
         assert json.loads((tmp_path / "graph.json").read_text())["nodes"]
         assert (tmp_path / "graph.html").read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_ctrl_c_while_the_commands_import_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C in the first half second of `drift-lance query` (the commands' modules importing) ended
+    in a KeyboardInterrupt traceback; it is the same one line and exit code as later on."""
+    import drift_lance.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    monkeypatch.setattr(sys, "argv", ["drift-lance"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run()
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.strip() == "drift-lance: interrupted"

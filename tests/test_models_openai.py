@@ -143,6 +143,25 @@ async def test_a_refused_connection_gets_connect_retries_not_max_retries(openai_
     assert len(openai_server.chat_requests) == 5
 
 
+async def test_a_host_name_that_does_not_resolve_is_a_connection_failure_not_a_timeout(openai_settings, monkeypatch):
+    """aiohttp reports a failed name lookup as a connect timeout: it must read as a connection failure
+    and get connect_retries, not 11 attempts of "timed out after 180s" (the lookup is faked: no network)."""
+    import socket
+
+    real = socket.getaddrinfo
+
+    def lookup(host, *args, **kwargs):
+        if host == "no-such-host.test":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    settings = openai_settings.model_copy(update={"base_url": "http://no-such-host.test/v1", "max_retries": 10, "connect_retries": 2})
+    with pytest.raises(ModelRequestError, match="after 3 attempts: connection failed: .*Name or service not known") as info:
+        await _chat(settings).complete(USER)
+    assert info.value.failure == "connection" and "timed out" not in str(info.value)
+
+
 async def test_a_server_that_wants_max_completion_tokens_gets_the_cap_under_that_name(openai_server, openai_settings):
     """OpenAI's reasoning models reject max_tokens; other servers read only max_tokens. The cap goes
     out as max_tokens until a server says otherwise, then under the name it asked for (remembered)."""

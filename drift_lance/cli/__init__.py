@@ -109,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> NoReturn:
     """Console-script entry: `main()` on sys.argv, then exit with its code."""
     argv = sys.argv[1:]
-    code = main(argv)
+    try:
+        code = main(argv)
+    except KeyboardInterrupt:  # before main's own handler is in place: while the commands import
+        print("drift-lance: interrupted", file=sys.stderr)
+        code = 130
     command = next((a for a in argv if not a.startswith("-")), None)
     if command in _READ_ONLY_COMMANDS:
         try:

@@ -149,8 +149,10 @@ def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, Requ
     """(reason for the log and the error message, HTTP status or None, kind of failure)."""
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
         root = _root_cause(exc)
-        # The SDK's aiohttp transport reports a refused or dropped connection as a connect timeout.
-        if isinstance(root, ConnectionError) or (type(root).__module__.startswith("aiohttp") and not isinstance(root, TimeoutError)):
+        # The SDK's aiohttp transport reports a refused or dropped connection, and a host name that
+        # does not resolve (socket.gaierror), as a connect timeout.
+        failed_to_connect = isinstance(root, OSError) or type(root).__module__.startswith("aiohttp")
+        if failed_to_connect and not isinstance(root, TimeoutError):
             return f"connection failed: {root}", None, "connection"
         return f"request timed out after {timeout:g}s", None, "timeout"
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
