@@ -294,6 +294,26 @@ async def test_falls_back_to_json_object_with_schema_and_remembers(openai_server
     assert openai_server.chat_requests[-1].response_format["type"] == "json_object"
 
 
+async def test_a_stray_400_does_not_give_up_json_schema_for_good(openai_server, openai_settings):
+    """A 400 that says nothing about the output format (a context-length error, a proxy's hiccup)
+    moves one call down the chain but is not remembered; a server that refuses json_schema the same
+    unexplained way twice in a row is remembered."""
+    openai_server.queue_chat(Reply.bad_request("This model's maximum context length is 8192 tokens"), Reply(json=PRIMER),
+                             Reply(json=PRIMER))
+    chat = _chat(openai_settings)
+    await chat.complete(USER, response_model=Primer)
+    await chat.complete(USER, response_model=Primer)
+    formats = [r.response_format["type"] for r in openai_server.chat_requests]
+    assert formats == ["json_schema", "json_object", "json_schema"]  # the next call tried json_schema again
+
+    refused = Reply.bad_request("Bad Request")
+    openai_server.queue_chat(refused, Reply(json=PRIMER), refused, Reply(json=PRIMER), Reply(json=PRIMER))
+    for _ in range(3):
+        await chat.complete(USER, response_model=Primer)
+    formats = [r.response_format["type"] for r in openai_server.chat_requests[3:]]
+    assert formats == ["json_schema", "json_object", "json_schema", "json_object", "json_object"]
+
+
 async def test_falls_back_to_prompt_only_with_repair(openai_server, openai_settings):
     openai_server.reject_response_formats = {"json_schema", "json_object"}
     sloppy = (

@@ -72,10 +72,21 @@ _STEPS_FOR_MODE = {
 # (endpoint, model) -> first structured step that worked / whether stream_options is rejected
 _structured_step: dict[tuple[str, str], str] = {}
 _no_stream_options: set[tuple[str, str]] = set()
+# (endpoint, model) -> the step a call fell back to after a refusal that did not name the format
+_unexplained_fallback: dict[tuple[str, str], str] = {}
 # (endpoint, model)s that want the output cap as max_completion_tokens (OpenAI's reasoning models
 # reject max_tokens); everything else gets max_tokens, which every OpenAI-compatible server reads.
 _wants_max_completion_tokens: set[tuple[str, str]] = set()
 _memory_lock = threading.Lock()
+
+
+_FORMAT_WORDS = ("response_format", "json_schema", "json schema", "schema", "json_object", "structured", "grammar", "format")
+
+
+def _about_output_format(message: str) -> bool:
+    """Whether a server's refusal is about the requested output format (what a fall back fixes)."""
+    text = message.lower()
+    return any(word in text for word in _FORMAT_WORDS)
 
 
 # ---------------------------------------------------------------- retry policy
@@ -392,6 +403,7 @@ class OpenAIChatModel:
         self, payload: list[dict], kwargs: dict[str, Any], response_model: type[BaseModel]
     ) -> ChatResult:
         steps = self._steps()
+        format_rejected = False  # a step was refused with a message about the output format
         for i, step in enumerate(steps):
             request_kwargs = dict(kwargs)
             messages = payload
@@ -406,14 +418,28 @@ class OpenAIChatModel:
                 if exc.status in _MODE_UNSUPPORTED_STATUS and i + 1 < len(steps):
                     log.info("%s at %s rejected %s (%s); trying %s", self.model_id, self._endpoint.endpoint,
                              step, exc, steps[i + 1])
+                    format_rejected = format_rejected or _about_output_format(str(exc))
                     continue
                 raise
-            with _memory_lock:
-                _structured_step[self._endpoint.key] = step
+            self._remember_step(steps, step, format_rejected)
             result = self._result(messages, response)
             result.parsed = parse_structured(result.text, response_model, usage=result.usage)
             return result
         raise AssertionError("unreachable: the last step either returns or raises")
+
+    def _remember_step(self, steps: tuple[str, ...], step: str, format_rejected: bool) -> None:
+        """Remember the step that answered, so later calls start there. A fall back after a refusal
+        that names the output format is remembered at once; after one that does not (a context-length
+        error, a transient 400 from a proxy) only when the next call falls back the same way, so one
+        stray 400 does not cost a long-running service strict json_schema for good."""
+        key = self._endpoint.key
+        with _memory_lock:
+            fell_back = step != steps[0]
+            if not fell_back or format_rejected or _unexplained_fallback.get(key) == step:
+                _structured_step[key] = step
+                _unexplained_fallback.pop(key, None)
+            else:
+                _unexplained_fallback[key] = step
 
     # -- plumbing
 
