@@ -133,3 +133,23 @@ async def test_local_chat_streams_and_cancels_cleanly(smollm, no_network):
         await task
     short = await smollm.complete([Message("user", "Say hello.")], params=ChatParams(temperature=0, max_tokens=8))
     assert short.text and short.usage.output_tokens <= 8
+
+
+def test_a_call_cancelled_while_queued_for_the_model_never_starts(smollm, monkeypatch):
+    """Cancelled calls queued behind the model's lock used to process their whole prompt once their
+    turn came: Ctrl-C on a local-model DRIFT query took ~30 s (its primer folds were queued)."""
+    import threading
+
+    class Recorder:
+        lock = threading.Lock()
+        calls = 0
+
+        def llama(self):
+            Recorder.calls += 1
+            raise AssertionError("a cancelled call reached the model")
+
+    monkeypatch.setattr(smollm, "_model", Recorder())
+    stop = threading.Event()
+    stop.set()  # what cancelling the caller does
+    usage = smollm._generate({"messages": [{"role": "user", "content": "hi"}]}, lambda delta: None, stop)
+    assert Recorder.calls == 0 and usage.calls == 0

@@ -156,6 +156,8 @@ class LlamaCppChatModel:
     def _generate(self, kwargs: dict[str, Any], emit, stop: threading.Event) -> Usage:
         """Run one generation (worker thread); `emit(delta)` hands each text delta to the loop."""
         with self._model.lock:
+            if stop.is_set():  # cancelled while queued for the model: do not process its prompt
+                return Usage()
             llama = self._model.llama()
             produced = 0
             try:
