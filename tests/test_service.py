@@ -783,6 +783,24 @@ def test_shutdown_lets_in_flight_search_finish_within_grace(service_settings, li
     assert model.cancelled == 0
 
 
+def test_a_second_ctrl_c_cancels_in_flight_searches_with_json_answers(service_settings, live_server):
+    """Users press Ctrl-C twice. uvicorn's force exit on the second dropped in-flight requests with
+    a plain-text 500 and tracebacks; the searches are cancelled instead and answer 503 `cancelled`."""
+    import signal
+
+    model = GatedChatModel()
+    srv = start(live_server, service_settings, model, grace=30)
+    results: list[httpx.Response] = []
+    thread = _post_in_thread(srv, "/v1/search", {"query": "never finishes"}, results)
+    assert model.started.wait(30)
+    srv.server.handle_exit(signal.SIGINT, None)  # the first: stop accepting, let searches finish
+    srv.server.handle_exit(signal.SIGINT, None)  # the second: stop waiting for them
+    thread.join(60)
+    srv.thread.join(60)
+    assert results and results[0].status_code == 503 and _error(results[0])["code"] == "cancelled"
+    assert model.wait_cancelled() and not srv.server.force_exit
+
+
 def test_shutdown_cancels_a_hung_reload_after_grace_with_a_json_answer(service_settings, live_server):
     """A reload stuck on the store (an object store that stopped answering) is cancelled with the
     searches past the grace period; its request gets the JSON error, not uvicorn's plain-text 500."""

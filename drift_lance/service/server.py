@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -100,10 +102,30 @@ class ServiceServer(uvicorn.Server):
     """uvicorn's server, cancelling the app's in-flight searches itself shortly before the grace
     period ends: each request then still answers (503 `cancelled` in the JSON error shape, or the
     stream's final `error` event). Left to uvicorn, the request tasks themselves are cancelled at
-    the deadline: a plain-text 500, or a stream cut off without its final event."""
+    the deadline: a plain-text 500, or a stream cut off without its final event. A second Ctrl-C
+    (uvicorn's force exit) cancels them at once, the same way; a third forces the exit."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _cancelled_early = False
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state = _service_state(self)
+        if (self.should_exit and sig == signal.SIGINT and not self._cancelled_early and state is not None
+                and self._loop is not None and not self._loop.is_closed()):
+            # The user wants out now: the searches answer 503 `cancelled` and shutdown completes,
+            # instead of uvicorn dropping them mid-response with tracebacks.
+            self._cancelled_early = True
+            log.warning("second interrupt: cancelling the searches still running (again to force the exit)")
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(state.slots.cancel_all()))
+            return
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        state = getattr(getattr(self.config.app, "state", None), "service", None)
+        state = _service_state(self)
         grace = self.config.timeout_graceful_shutdown
         canceller = None
         if state is not None and grace is not None:
@@ -114,6 +136,11 @@ class ServiceServer(uvicorn.Server):
             if canceller is not None:
                 canceller.cancel()
                 await asyncio.gather(canceller, return_exceptions=True)
+
+
+def _service_state(server: uvicorn.Server) -> Any:
+    """The app's service state (its search slots), or None for another app."""
+    return getattr(getattr(server.config.app, "state", None), "service", None)
 
 
 # Time left, once the searches are cancelled, for their requests to send the error and close.
