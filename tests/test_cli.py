@@ -115,11 +115,20 @@ def test_bad_config_file_names_file_and_field(tmp_path):
 
 
 def test_a_failure_inside_concurrent_work_is_reported_by_its_cause(dulce_dir, tmp_path):
-    """Ingest embeds its tables concurrently; without credentials each fails, and the message must
-    be the cause, not "unhandled errors in a TaskGroup"."""
-    proc = drift_lance("ingest", str(dulce_dir), "--db", str(tmp_path / "db"), "--embedder", "openai", "--reembed", "--no-progress")
+    """Ingest embeds its tables concurrently; when the endpoint is down each fails, and the message
+    must be the cause, not "unhandled errors in a TaskGroup"."""
+    down = cli_env(DRIFT_LANCE_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_KEY="sk-unused", DRIFT_LANCE_CONNECT_RETRIES="0")
+    proc = drift_lance("ingest", str(dulce_dir), "--db", str(tmp_path / "db"), "--embedder", "openai", "--reembed",
+                       "--no-progress", env=down)
     assert proc.returncode == 1 and "TaskGroup" not in proc.stderr, proc.stderr
-    assert "OpenAIError: Missing credentials" in proc.stderr and "OPENAI_API_KEY" in proc.stderr
+    assert "connection failed" in proc.stderr and "127.0.0.1:9" in proc.stderr
+    assert not (tmp_path / "db").exists()
+
+
+def test_a_remote_embedder_without_credentials_is_refused_before_any_work(dulce_dir, tmp_path):
+    proc = drift_lance("ingest", str(dulce_dir), "--db", str(tmp_path / "db"), "--embedder", "openai", "--reembed", "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    assert "no API key for https://api.openai.com/v1: set OPENAI_API_KEY" in proc.stderr
     assert not (tmp_path / "db").exists()
 
 

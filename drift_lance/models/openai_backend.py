@@ -159,12 +159,11 @@ class _ConnectionFailures(stop_base):
 def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, RequestFailure]:
     """(reason for the log and the error message, HTTP status or None, kind of failure)."""
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
-        root = _root_cause(exc)
         # The SDK's aiohttp transport reports a refused or dropped connection, and a host name that
         # does not resolve (socket.gaierror), as a connect timeout.
-        failed_to_connect = isinstance(root, OSError) or type(root).__module__.startswith("aiohttp")
-        if failed_to_connect and not isinstance(root, TimeoutError):
-            return f"connection failed: {root}", None, "connection"
+        refused = _connection_failure_in(exc)
+        if refused is not None:
+            return f"connection failed: {refused}", None, "connection"
         return f"request timed out after {timeout:g}s", None, "timeout"
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
         return f"malformed response body: {exc}", None, "malformed"
@@ -176,12 +175,21 @@ def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, Requ
     return f"{type(exc).__name__}: {exc}", None, "other"
 
 
-def _root_cause(exc: BaseException) -> BaseException:
+def _connection_failure_in(exc: BaseException) -> BaseException | None:
+    """The innermost exception under `exc` that says the connection failed (an OSError that is not a
+    timeout, or aiohttp's own), or None. Walks causes first: an exception's context can be an
+    unrelated one that was being handled when it was raised (a RuntimeError from a loop lookup)."""
+    found = None
     seen = {id(exc)}
-    while (inner := exc.__cause__ or exc.__context__) is not None and id(inner) not in seen:
+    while (inner := exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)) is not None:
+        if id(inner) in seen:
+            break
         seen.add(id(inner))
         exc = inner
-    return exc
+        failed = isinstance(exc, OSError) or type(exc).__module__.startswith("aiohttp")
+        if failed and not isinstance(exc, TimeoutError):
+            found = exc
+    return found
 
 
 def _error_message(exc: openai.APIStatusError) -> str:
