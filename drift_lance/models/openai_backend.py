@@ -45,7 +45,7 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from drift_lance.config.models import ModelSettings
-from drift_lance.errors import first_cause
+from drift_lance.errors import ConfigError, first_cause
 from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, ModelRequestError, RequestFailure, Usage
 from drift_lance.models.compat import native_dimension
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
@@ -80,7 +80,8 @@ _wants_max_completion_tokens: set[tuple[str, str]] = set()
 _memory_lock = threading.Lock()
 
 
-_FORMAT_WORDS = ("response_format", "json_schema", "json schema", "schema", "json_object", "structured", "grammar", "format")
+# "format" covers response_format, "schema" json_schema / json schema
+_FORMAT_WORDS = ("format", "schema", "json_object", "structured", "grammar")
 
 
 def _about_output_format(message: str) -> bool:
@@ -235,8 +236,6 @@ class _Endpoint:
     def _check_configured(self, model: str, embeddings: bool) -> None:
         """ConfigError now, naming what is missing, rather than at the first call of a query (a
         service would report ready and fail every search)."""
-        from drift_lance.errors import ConfigError
-
         what = f"{'embedding' if embeddings else 'chat'} model {model!r}"
         if self.azure:
             missing = [name for name, value in (("azure_endpoint (AZURE_OPENAI_ENDPOINT)", self.settings.azure_endpoint),
@@ -366,8 +365,6 @@ class OpenAIChatModel:
         settings = settings.resolve()
         model = (settings.deployment if settings.chat_backend == "azure" else None) or settings.chat_model
         if not model:
-            from drift_lance.errors import ConfigError
-
             raise ConfigError("chat_model: no chat model configured for the openai backend")
         self.model_id = model
         self.settings = settings
@@ -632,8 +629,6 @@ class OpenAIEmbedder:
             settings.embedding_model
         )
         if not model:
-            from drift_lance.errors import ConfigError
-
             raise ConfigError("embedding_model: no embedding model configured for the openai backend")
         self.model_id = settings.embedding_model or model
         self._request_model = model

@@ -24,6 +24,7 @@ from drift_lance.drift.result import SearchResult
 from drift_lance.errors import ConfigError
 from drift_lance.models.base import ChatModel, Embedder, aclose_models
 from drift_lance.service.backend import EventSink, Method, Readiness
+from drift_lance.service.errors import ApiError
 from drift_lance.service.events import ActionEvent, PrimerEvent, TokenEvent, search_event
 from drift_lance.service.generations import ReloadResult, ServingStores
 from drift_lance.store import IndexStore, Manifest
@@ -172,8 +173,6 @@ class EngineBackend:
             return
         if not gone:
             return
-        from drift_lance.service.errors import ApiError
-
         result = await self.reload()
         raise ApiError(
             503, "generation_gone",
