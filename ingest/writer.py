@@ -108,9 +108,13 @@ class IndexWriter:
         self.progress = progress
         self.timings = WriteTimings()
         self._db: Any = None
-        self._previous: Manifest | None = None
-        self._manifests: list[Manifest] = []  # every generation's, oldest first, when opened
+        self._manifests: list[Manifest] = []  # every complete generation's, oldest first, when opened
         self._touched: list[str] = []
+
+    @property
+    def _previous(self) -> Manifest | None:
+        """The newest generation when this ingest started (None for an empty database)."""
+        return self._manifests[-1] if self._manifests else None
 
     async def open(self) -> Manifest | None:
         check_not_a_file(self.uri)
@@ -123,7 +127,6 @@ class IndexWriter:
             raise
         except Exception as exc:  # noqa: BLE001 - connection errors differ per backend
             raise describe_open_failure(self.uri, exc) from exc
-        self._previous = manifests[-1] if manifests else None
         self._manifests = manifests
         if self._previous is None:
             await self._check_no_foreign_tables()
@@ -288,14 +291,11 @@ class IndexWriter:
             except Exception as exc:  # noqa: BLE001 - best effort: the manifest still pins the old versions
                 log.warning("%s: could not roll back table %r: %s", self.uri, name, exc)
 
-    def _kept_generations(self, manifest: Manifest) -> list[Manifest]:
-        return kept_generations([*self._manifests, manifest], datetime.now(UTC), self.config.keep_replaced_seconds)
-
     async def _cleanup(self, manifest: Manifest) -> None:
         """Delete table versions older than the ones the kept generations pin: the previous one, and
         every one replaced less than `keep_replaced_seconds` ago, so searches and replicas still on
         them keep working."""
-        kept = self._kept_generations(manifest)
+        kept = kept_generations([*self._manifests, manifest], datetime.now(UTC), self.config.keep_replaced_seconds)
         for name, info in manifest.tables.items():
             keep_from = min((m.tables[name].version for m in kept if name in m.tables), default=info.version)
             try:
