@@ -379,20 +379,30 @@ def test_a_setup_that_would_fail_every_search_fails_the_start(service_settings, 
     assert search.status_code == 503 and search.json()["error"]["code"] == "not_ready"
 
 
-def test_a_new_generation_the_query_embedder_does_not_fit_is_not_switched_to(tmp_path, service_settings, live_server):
-    """Re-ingested with another embedding model: the reload keeps serving the generation it has and
-    says why, instead of switching and failing every search."""
+def serve_own_sample_index(tmp_path, service_settings, live_server, updates=None):
+    """The sample corpus ingested into a database of the test's own (64-d hash vectors), served with
+    no periodic reload so the test decides when generations switch. Returns (server, source, db)."""
     import ingest
     from drift_lance.sample.builder import build_sample_index
     from drift_lance.service.engine import EngineBackend
     from drift_lance.testing import HashEmbedder
 
     source = build_sample_index(tmp_path / "graphrag")
-    db = str(tmp_path / "db")
-    ingest.ingest(source, db, embedder=HashEmbedder(64), progress=False)
-    settings = service_settings.with_updates({"db": db, "store.reload_interval_seconds": 0})
-    srv = live_server(create_app(settings, backend=EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))))
-    ingest.ingest(source, db, embedder=HashEmbedder(32), reembed=True, progress=False)
+    db = tmp_path / "db"
+    ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
+    settings = service_settings.with_updates({"db": str(db), "store.reload_interval_seconds": 0, **(updates or {})})
+    backend = EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))
+    return live_server(create_app(settings, backend=backend)), source, db
+
+
+def test_a_new_generation_the_query_embedder_does_not_fit_is_not_switched_to(tmp_path, service_settings, live_server):
+    """Re-ingested with another embedding model: the reload keeps serving the generation it has and
+    says why, instead of switching and failing every search."""
+    import ingest
+    from drift_lance.testing import HashEmbedder
+
+    srv, source, db = serve_own_sample_index(tmp_path, service_settings, live_server)
+    ingest.ingest(source, str(db), embedder=HashEmbedder(32), reembed=True, progress=False)
     with srv.client() as client:
         reload = client.post("/v1/admin/reload")
         assert reload.status_code == 503 and _error(reload)["code"] == "reload_failed"
@@ -407,15 +417,9 @@ def test_a_new_generation_with_a_missing_file_is_not_switched_to(tmp_path, servi
     database) is refused with the table named, the previous generation keeps serving, and once the
     file is there the next reload switches."""
     import ingest
-    from drift_lance.sample.builder import build_sample_index
-    from drift_lance.service.engine import EngineBackend
     from drift_lance.testing import HashEmbedder
 
-    source = build_sample_index(tmp_path / "graphrag")
-    db = tmp_path / "db"
-    ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
-    settings = service_settings.with_updates({"db": str(db), "store.reload_interval_seconds": 0})
-    srv = live_server(create_app(settings, backend=EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))))
+    srv, source, db = serve_own_sample_index(tmp_path, service_settings, live_server)
     data = db / "entities.lance" / "data"
     before = set(data.iterdir())
     ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
@@ -438,19 +442,13 @@ def test_a_search_on_a_generation_deleted_by_cleanup_switches_and_answers_503(tm
     generation_gone with Retry-After, not an opaque 500 on every search until someone reloads."""
     import ingest
     from drift_lance.config.ingest import IngestConfig
-    from drift_lance.sample.builder import build_sample_index
-    from drift_lance.service.engine import EngineBackend
     from drift_lance.testing import HashEmbedder
 
-    source = build_sample_index(tmp_path / "graphrag")
-    db = str(tmp_path / "db")
-    ingest.ingest(source, db, embedder=HashEmbedder(64), progress=False)
-    settings = service_settings.with_updates({
-        "db": db, "store.reload_interval_seconds": 0, "store.table_cache_bytes": 0, "store.vector_cache_bytes": 0,
-    })
-    srv = live_server(create_app(settings, backend=EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))))
+    srv, source, db = serve_own_sample_index(
+        tmp_path, service_settings, live_server, {"store.table_cache_bytes": 0, "store.vector_cache_bytes": 0}
+    )
     for _ in range(2):  # generation 1, replaced by 2 and not kept: deleted by the third ingest's cleanup
-        ingest.ingest(source, db, embedder=HashEmbedder(64), config=IngestConfig(keep_replaced_seconds=0), progress=False)
+        ingest.ingest(source, str(db), embedder=HashEmbedder(64), config=IngestConfig(keep_replaced_seconds=0), progress=False)
     query = {"query": "Who leads the squad?", "method": "local"}
     with srv.client() as client:
         gone = client.post("/v1/search", json=query)
