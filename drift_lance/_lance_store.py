@@ -190,6 +190,8 @@ class LanceStore:
         if matrix.ndim != 2:
             raise StoreError(f"{self.uri}: query vectors for table {table!r} must be a 2-d array, got {matrix.ndim}-d")
         queries = [self._query_vector(table, row) for row in matrix]
+        # LanceDB sizes its result buffers by k: an unbounded k from a setting aborts the process.
+        k = min(k, self.manifest.tables[table].rows)
         if k <= 0 or not queries:
             empty = await self._empty(table, columns, with_similarity=True)
             return [empty for _ in queries]

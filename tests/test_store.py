@@ -515,6 +515,18 @@ async def test_ann_search_recall_against_exact(ann_db):
     await store.close()
 
 
+async def test_a_k_beyond_the_table_returns_every_row_without_exhausting_memory(ann_db, dulce_store):
+    # LanceDB allocates result buffers by k: before the clamp, k = 2**31 aborted the process.
+    uri, _ = ann_db
+    store = await open_store(uri)
+    query = np.ones(64, np.float32)
+    found = await store.search("entities", query, 2**31, columns=["id"])
+    assert 0 < found.height <= 3000 and found["id"].n_unique() == found.height
+    await store.close()
+    everything = await dulce_store.search("entities", np.ones(3072, np.float32), 10**30, columns=["id"])
+    assert everything.height == dulce_store.manifest.tables["entities"].rows
+
+
 async def test_ann_table_fetch_is_exact(ann_db):
     """Id lookups never go through the ANN index: every requested row comes back."""
     uri, src = ann_db
