@@ -40,7 +40,8 @@ def test_every_graphrag_field_exists_with_graphrag_defaults():
 @pytest.mark.parametrize(
     ("field", "value"),
     [("concurrency", 0), ("drift_k_followups", 0), ("primer_folds", 0), ("n_depth", -1),
-     ("local_search_top_p", 1.5), ("reduce_temperature", -0.1), ("data_max_tokens", 0)],
+     ("local_search_top_p", 1.5), ("reduce_temperature", -0.1), ("data_max_tokens", 0),
+     ("community_level", 2**31), ("seed", -1), ("seed", 2**31)],
 )
 def test_impossible_values_are_rejected_naming_the_field(field, value):
     with pytest.raises(ValidationError, match=field):

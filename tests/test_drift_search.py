@@ -256,6 +256,37 @@ async def test_action_timeout_marks_the_action_and_the_search_goes_on(store):
     assert chat.in_flight == 0
 
 
+async def test_a_stuck_follow_up_is_cut_off_by_the_time_budget_and_the_reduce_answers(store):
+    """No per-call timeout: one follow-up never answers. At 3/4 of `time_budget` it is cancelled and
+    marked failed, the epochs stop, and the reduce answers from the others."""
+    base = drift_responder()
+
+    async def respond(messages, params, response_model):
+        if response_model is ActionAnswer and messages[-1].content == "P0-0":
+            await asyncio.Event().wait()  # never answers
+        return base(messages, params, response_model)
+
+    chat = ScriptedChatModel(respond)
+    updates: list[tuple[str, int]] = []
+
+    class Record(DriftCallbacks):
+        async def on_action_completed(self, action, epoch):
+            updates.append((action.query, epoch))
+
+    search = make_search(store, chat, drift_k_followups=4, primer_folds=2, n_depth=3, time_budget=1.0)
+    async with asyncio.timeout(30):  # a failure here would otherwise hang the suite
+        result = await search.search("Who leads the Dulce base?", callbacks=Record())
+    assert result.response == REDUCE_TEXT and chat.in_flight == 0
+    nodes = {n["query"]: n for n in result.state["nodes"]}
+    stuck = nodes["P0-0"]
+    assert stuck["score"] == "-inf" and "time budget" in stuck["metadata"]["error"]
+    assert stuck["metadata"]["llm_calls"] == 1  # the request was made
+    assert all(nodes[q]["answer"] == f"answer to {q}" for q in ("P0-1", "P1-0", "P1-1"))
+    assert {epoch for _, epoch in updates} == {1} and len(updates) == 4  # every action reported, no second epoch
+    reduce_prompt = chat.calls[-1].messages[0].content
+    assert "answer to P1-0" in reduce_prompt and stage_of(chat.calls[-1].messages, None) == "reduce"
+
+
 async def test_cancelling_the_search_cancels_in_flight_calls(store):
     started = asyncio.Event()
     base = drift_responder(children=4)

@@ -594,6 +594,9 @@ def test_caps_come_from_server_config(service_settings, live_server):
         ({"query": "q", "config": {"n_depth": -1}}, "invalid_request", "config.n_depth"),
         ({"query": "q", "config": {"community_level": -1}}, "invalid_request", "config.community_level"),
         ({"query": "q", "config": {"community_level": 0.5}}, "invalid_request", "config.community_level"),
+        ({"query": "q", "config": {"community_level": 2**63}}, "invalid_request", "config.community_level"),
+        ({"query": "q", "config": {"seed": 2**63}}, "invalid_request", "config.seed"),
+        ({"query": "q", "include_context": "no"}, "invalid_request", "include_context"),
         ({"query": "q", "method": "global"}, "invalid_request", "method"),
         ({"query": "q", "extra": 1}, "unknown_field", "extra"),
         ({"query": "   "}, "invalid_request", "query"),
@@ -621,6 +624,11 @@ def test_invalid_json_and_unknown_route(server):
         bad = client.post("/v1/search", content=b"{not json", headers={"content-type": "application/json"})
         missing = client.get("/v1/nothing")
     assert bad.status_code == 422 and _error(bad)["code"] == "invalid_json"
+    # not UTF-8, empty, nested deeper than the parser goes
+    for body in ('{"query": "Who is é?"}'.encode("latin-1"), b"", b'{"query": "q", "config": ' + b"[" * 5000 + b"]" * 5000 + b"}"):
+        with server.client() as client:
+            r = client.post("/v1/search", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422 and _error(r)["code"] == "invalid_json", (body[:20], r.text)
     assert missing.status_code == 404 and _error(missing)["code"] == "not_found"
 
 
@@ -729,14 +737,74 @@ def test_search_timeout_is_504_and_cancels_the_calls(service_settings, live_serv
     assert model.wait_cancelled()
 
 
-def test_model_failure_is_reported_not_500(service_settings, live_server):
-    from drift_lance.models.base import ModelError
+def test_a_stuck_follow_up_does_not_cost_the_answer(service_settings, live_server):
+    """One follow-up never answers: the DRIFT time budget (the search timeout unless a request asks
+    for less) cuts it off and the search answers 200 from the rest, blocking and streamed."""
     from drift_lance.testing import ScriptedChatModel
 
-    srv = start(live_server, service_settings, ScriptedChatModel(lambda *a: ModelError("upstream is down")))
+    async def answer(messages, params, response_model):
+        if response_model is ActionAnswer and messages[-1].content.startswith("Who is involved"):
+            await asyncio.Event().wait()  # never answers
+        return drift_responder(messages, params, response_model)
+
+    settings = service_settings.with_updates({"service.search_timeout_seconds": 3})
+    srv = start(live_server, settings, ScriptedChatModel(answer))
     with srv.client() as client:
-        r = client.post("/v1/search", json={"query": "q", "method": "local"})
-    assert r.status_code == 502 and "upstream is down" in _error(r)["message"]
+        blocking = client.post("/v1/search", json={"query": "stuck", "config": {"time_budget": 1}})
+        too_long = client.post("/v1/search", json={"query": "stuck", "config": {"time_budget": 10}})
+        with client.stream("POST", "/v1/search/stream", json={"query": "stuck"}) as r:
+            events = read_sse(r)
+    assert blocking.status_code == 200, blocking.text
+    assert blocking.json()["response"] == REDUCE_ANSWER
+    errors = [n["metadata"].get("error") for n in blocking.json()["state"]["nodes"]]
+    assert errors.count("TimeoutError") == 1
+    assert too_long.status_code == 422 and _error(too_long)["field"] == "config.time_budget"
+    assert [name for name, _ in events if name == "done"] == ["done"]
+    assert "".join(data["text"] for name, data in events if name == "token") == REDUCE_ANSWER
+
+
+def test_model_failure_is_reported_not_500(service_settings, live_server, caplog):
+    from drift_lance.models.base import ModelError
+    from drift_lance.models.deadline import LLMTimeoutError
+    from drift_lance.testing import ScriptedChatModel
+
+    for failure, kind in ((ModelError("upstream at http://10.0.0.9 is down"), "model error"),
+                          (LLMTimeoutError("answer timed out after 30 s (llm_timeout)"), "timed out (llm_timeout)")):
+        srv = start(live_server, service_settings, ScriptedChatModel(lambda *a, failure=failure: failure))
+        with srv.client() as client, caplog.at_level(logging.WARNING):
+            r = client.post("/v1/search", json={"query": "q", "method": "local"})
+        assert r.status_code == 502 and _error(r)["message"] == f"the model request failed ({kind}); details are in the server log"
+    assert "upstream at http://10.0.0.9 is down" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("primer_failure", "kind"),
+    [("http", "HTTP 401"), ("unreadable", "answer was not the requested JSON")],
+)
+def test_a_failed_primer_shows_its_kind_not_the_endpoint_or_the_models_output(service_settings, live_server, caplog,
+                                                                              primer_failure, kind):
+    """Every primer call failing fails the DRIFT search: the client learns what kind of failure
+    (from the first call's), not the endpoint, the upstream body or what the model wrote."""
+    from drift_lance.drift.action import PrimerFoldAnswer
+    from drift_lance.models.base import ModelRequestError
+    from drift_lance.testing import ScriptedChatModel
+
+    leak = "chat model 'm' at http://10.1.2.3:8080/v1 failed: HTTP 401: Incorrect API key provided: sk-live-SECRET"
+
+    def answer(messages, params, response_model):
+        if response_model is PrimerFoldAnswer:
+            return ModelRequestError(leak, status=401) if primer_failure == "http" else "SECRET-PROMPT-ECHO, not JSON"
+        return drift_responder(messages, params, response_model)
+
+    srv = start(live_server, service_settings, ScriptedChatModel(answer))
+    with srv.client() as client, caplog.at_level(logging.WARNING):
+        failed = client.post("/v1/search", json={"query": "q"})
+        with client.stream("POST", "/v1/search/stream", json={"query": "q"}) as r:
+            events = read_sse(r)
+    assert failed.status_code == 502 and _error(failed)["code"] == "model_error"
+    assert _error(failed)["message"] == f"the model request failed ({kind}); details are in the server log"
+    assert events[-1][0] == "error" and events[-1][1]["error"]["message"] == _error(failed)["message"]
+    assert "SECRET" in caplog.text and "primer calls failed" in caplog.text
 
 
 def test_embedding_endpoint_down_is_a_502_naming_the_cause(service_settings, live_server):

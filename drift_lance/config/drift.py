@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from drift_lance.config.local import INT32_MAX
 from drift_lance.errors import ConfigError
 
 __all__ = [
@@ -80,10 +81,11 @@ class DRIFTSearchConfig(BaseModel):
     hyde_max_tokens: int | None = Field(None, gt=0, description="Cap on the HyDE expansion's output tokens (None: the model's default, as graphrag).")
     response_type: str = Field("multiple paragraphs", min_length=1, description="Target length and format of the answers.")
     action_ranking: Literal["random", "parent_score"] = Field("random", description="Order of open actions: the reference's random order, or best parent score first.")
-    seed: int | None = Field(None, description="Seed of the HyDE template pick and the random action order (reproducible runs).")
+    seed: int | None = Field(None, ge=0, le=INT32_MAX, description="Seed of the HyDE template pick and the random action order (reproducible runs).")
     community_level: int | None = Field(
         None,
         ge=0,
+        le=INT32_MAX,
         description="Deepest community level of the primer's reports and the follow-ups' local contexts (graphrag's "
         "--community-level); None: the local search settings' community_level.",
     )
@@ -93,6 +95,13 @@ class DRIFTSearchConfig(BaseModel):
         description="Follow-up local contexts built at once. Building is mostly CPU: built together they all "
         "finish late and every follow-up call leaves late; built two at a time, each call leaves as soon "
         "as its context is ready (benchmarks/FINDINGS.md, DRIFT overhead).",
+    )
+    time_budget: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds a whole DRIFT query should take. Follow-up epochs stop at 3/4 of it: follow-ups "
+        "not answered by then are cancelled and marked failed, and the reduce answers from what is in, so one "
+        "stuck call cannot hold the answer back. None: no budget (the service sets its search timeout).",
     )
     llm_timeout: float | None = Field(
         None,

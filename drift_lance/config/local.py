@@ -11,7 +11,11 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["LOCAL_FILE_KEYS", "LOCAL_PROMPT_FIELDS", "LocalSearchConfig"]
+__all__ = ["INT32_MAX", "LOCAL_FILE_KEYS", "LOCAL_PROMPT_FIELDS", "LocalSearchConfig"]
+
+# Upper bound of settings that reach LanceDB filters or a model's `seed`: a larger integer fails
+# there with an overflow deep in the engine instead of a settings error naming the field.
+INT32_MAX = 2**31 - 1
 
 
 class LocalSearchConfig(BaseModel):
@@ -36,7 +40,7 @@ class LocalSearchConfig(BaseModel):
     top_k_relationships: int = Field(10, ge=0, description="Out-of-network relationships kept per selected entity.")
 
     # --- LocalSearchMixedContext parameters, with the values graphrag's API passes ---
-    community_level: int = Field(2, ge=0, description="Deepest community level used for membership and reports.")
+    community_level: int = Field(2, ge=0, le=INT32_MAX, description="Deepest community level used for membership and reports.")
     include_claims: bool = Field(True, description="Add the claims (covariates) section when the index has one.")
     conversation_history_user_turns_only: bool = True
     include_entity_rank: bool = True

@@ -182,18 +182,20 @@ class DRIFTPrimer:
         outcomes = await asyncio.gather(*(self._decompose_fold(query, fold) for fold in folds))
         usage = Usage()
         answers: list[PrimerFoldAnswer] = []
-        errors: list[str] = []
-        for answer, fold_usage, error in outcomes:
+        failures: list[Exception] = []
+        for answer, fold_usage, failure in outcomes:
             usage = usage + fold_usage
-            if answer is not None:
-                answers.append(answer)
+            if failure is None:
+                answers.append(answer)  # type: ignore[arg-type]
             else:
-                errors.append(error)
+                failures.append(failure)
+        errors = [f"{type(exc).__name__}: {exc}" for exc in failures]
         if not answers:
-            raise ModelError(f"DRIFT primer: all {len(folds)} primer calls failed: {'; '.join(errors)}")
+            # chained to the first failure, so callers can tell its kind (HTTP status, timeout, ...)
+            raise ModelError(f"DRIFT primer: all {len(folds)} primer calls failed: {'; '.join(errors)}") from failures[0]
         return answers, usage, errors
 
-    async def _decompose_fold(self, query: str, fold: pl.DataFrame) -> tuple[PrimerFoldAnswer | None, Usage, str]:
+    async def _decompose_fold(self, query: str, fold: pl.DataFrame) -> tuple[PrimerFoldAnswer | None, Usage, Exception | None]:
         prompt = self.prompts.primer.format(
             query=query,
             community_reports="\n\n".join(self._fold_texts(fold)),
@@ -203,8 +205,8 @@ class DRIFTPrimer:
             result = await self.chat.complete([Message("user", prompt)], params=ChatParams(), response_model=PrimerFoldAnswer)
         except Exception as exc:  # noqa: BLE001 - one failed fold is skipped, as a failed follow-up is
             log.warning("primer call failed: %s: %s", type(exc).__name__, exc)
-            return None, failed_call_usage(exc), f"{type(exc).__name__}: {exc}"
-        return result.parsed, result.usage.of_one_call(), ""  # type: ignore[return-value]
+            return None, failed_call_usage(exc), exc
+        return result.parsed, result.usage.of_one_call(), None  # type: ignore[return-value]
 
     def _fold_texts(self, fold: pl.DataFrame) -> list[str]:
         """Report texts of a fold within `primer_llm_max_tokens` (a report that does not fit is

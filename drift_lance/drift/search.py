@@ -37,6 +37,9 @@ __all__ = ["ContextBuilder", "DRIFTSearch", "DriftStream", "local_config_for_dri
 
 log = logging.getLogger(__name__)
 
+# Share of `time_budget` the follow-ups may use; the reduce call has the rest.
+FOLLOW_UP_SHARE = 0.75
+
 
 class LocalContextLike(Protocol):
     context_text: str
@@ -180,21 +183,49 @@ class DRIFTSearch:
         await emit(run.callbacks, "on_primer_done", root, to_jsonable(outcome.reports.drop("full_content", strict=False)))
 
         scorer = run.state.parent_score if self.config.action_ranking == "parent_score" else None
+        follow_ups_until = self._follow_ups_deadline(run)
         for epoch in range(1, self.config.n_depth + 1):
             batch = run.state.rank_incomplete_actions(scorer, run.rng)[: self.config.drift_k_followups]
             if not batch:
                 log.info("DRIFT: no open actions left after %d epoch(s)", epoch - 1)
                 break
             await emit(run.callbacks, "on_epoch_start", epoch, batch)
-            vectors = await self._embed_queries(batch)
-            prepared = await self._prepare_contexts(vectors)
-            async with asyncio.TaskGroup() as group:
-                for action, vector, extra in zip(batch, vectors, prepared, strict=True):
-                    group.create_task(self._run_action(run, action, epoch, vector, extra))
-            # Follow-ups join the graph in batch order, so node ids do not depend on timing.
-            for action in batch:
-                run.state.add_all_follow_ups(action, action.follow_ups)
+            try:
+                async with asyncio.timeout_at(follow_ups_until):
+                    await self._run_epoch(run, batch, epoch)
+            except TimeoutError:
+                # A stuck follow-up must not cost the whole answer: the reduce uses what is in.
+                await self._fail_unanswered(run, batch, epoch)
+                break
+            finally:
+                # Follow-ups join the graph in batch order, so node ids do not depend on timing.
+                for action in batch:
+                    run.state.add_all_follow_ups(action, action.follow_ups)
         run.usage["action"] = _usage_from_counts(run.state.action_token_ct())
+
+    def _follow_ups_deadline(self, run: _Run) -> float | None:
+        """Event-loop time by which the follow-ups stop (`time_budget`), or None."""
+        budget = self.config.time_budget
+        if budget is None:
+            return None
+        elapsed = time.perf_counter() - run.started
+        return asyncio.get_running_loop().time() + FOLLOW_UP_SHARE * budget - elapsed
+
+    async def _run_epoch(self, run: _Run, batch: list[DriftAction], epoch: int) -> None:
+        vectors = await self._embed_queries(batch)
+        prepared = await self._prepare_contexts(vectors)
+        async with asyncio.TaskGroup() as group:
+            for action, vector, extra in zip(batch, vectors, prepared, strict=True):
+                group.create_task(self._run_action(run, action, epoch, vector, extra))
+
+    async def _fail_unanswered(self, run: _Run, batch: list[DriftAction], epoch: int) -> None:
+        budget = self.config.time_budget
+        unanswered = [action for action in batch if not action.is_complete]
+        log.warning("DRIFT: %d follow-up(s) of epoch %d not answered within %g s of the %g s time budget; reducing without them",
+                    len(unanswered), epoch, FOLLOW_UP_SHARE * budget, budget)
+        for action in unanswered:
+            action.mark_failed(f"TimeoutError: not answered within the time budget ({FOLLOW_UP_SHARE:g} of time_budget={budget:g}s)")
+            await emit(run.callbacks, "on_action_completed", action, epoch)
 
     async def _embed_queries(self, batch: list[DriftAction]) -> list[Any]:
         """One embedding request for the whole epoch instead of one per action. On failure each
@@ -275,13 +306,20 @@ class DRIFTSearch:
             if not isinstance(result.parsed, ActionAnswer):
                 raise ValueError("the model returned no structured answer")
             action.apply_answer(result.parsed)
+        except asyncio.CancelledError as exc:  # the time budget or the whole query: the call was made
+            self._count_failed_call(action, exc, llm_started)
+            raise
         except Exception as exc:  # noqa: BLE001 - one bad action must not fail the query
-            if llm_started and action.metadata["llm_calls"] == 0:  # the call failed: count what it cost
-                usage = failed_call_usage(exc)
-                action.record_usage(llm_calls=usage.calls, prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
+            self._count_failed_call(action, exc, llm_started)
             action.mark_failed(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
             log.warning("DRIFT action %r failed: %s", action.query, action.metadata["error"])
         await emit(run.callbacks, "on_action_completed", action, epoch)
+
+    @staticmethod
+    def _count_failed_call(action: DriftAction, exc: BaseException, llm_started: bool) -> None:
+        if llm_started and action.metadata["llm_calls"] == 0:  # the call failed: count what it cost
+            usage = failed_call_usage(exc)
+            action.record_usage(llm_calls=usage.calls, prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
 
     async def _start_reduce(self, run: _Run) -> tuple[list[Message], ChatParams]:
         await emit(run.callbacks, "on_reduce_start", run.action_graph())

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from drift_lance import __version__
 from drift_lance.config.drift import DRIFTSearchConfig
@@ -26,7 +26,8 @@ from drift_lance.config.service import RequestCaps
 from drift_lance.config.settings import Settings
 from drift_lance.drift.result import SearchResult
 from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
-from drift_lance.models.base import ModelError, ModelRequestError
+from drift_lance.models.base import ModelError, ModelRequestError, StructuredOutputError
+from drift_lance.models.deadline import LLMTimeoutError
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, cancelled_by_shutdown, error_responses, install_error_handlers
 from drift_lance.service.events import add_stream_events
@@ -70,7 +71,7 @@ class SearchRequest(BaseModel):
         json_schema_extra={"properties": {**_override_properties(DRIFTSearchConfig), **_override_properties(LocalSearchConfig)},
                            "additionalProperties": False},
     )
-    include_context: bool = Field(
+    include_context: StrictBool = Field(
         True,
         description="false: leave out `context_data` and `context_text` (for DRIFT, every follow-up's tables: "
         "megabytes on a large index); the answer, usage and action graph stay. Streams never carry them.",
@@ -397,7 +398,12 @@ def _validated(state: _ServiceState, body: SearchRequest) -> tuple[Method, Any]:
             field="query",
         )
     state.require_ready()
-    config = resolve_search_config(state.backend.base_config(body.method), body.config, cfg.caps)
+    # A request may ask for a shorter DRIFT time budget than the search timeout, not a longer one.
+    caps = cfg.caps.model_copy(update={"fields": {"time_budget": cfg.search_timeout_seconds, **cfg.caps.fields}})
+    config = resolve_search_config(state.backend.base_config(body.method), body.config, caps)
+    if body.method == "drift":
+        budget = min(config.time_budget or cfg.search_timeout_seconds, cfg.search_timeout_seconds)
+        config = config.model_copy(update={"time_budget": budget})
     return body.method, config
 
 
@@ -430,12 +436,11 @@ def _map_search_error(exc: BaseException) -> ApiError:
         return ApiError(422, "invalid_config", message)
     if isinstance(exc, USER_ERRORS):
         return ApiError(400, "bad_index", message)
-    if isinstance(exc, ModelRequestError):
-        # the full text names the model's endpoint and quotes its error body: the operator's log only
-        log.warning("search failed: %s", message)
-        return ApiError(502, "model_error", f"the model request failed ({_request_failure(exc)}); details are in the server log")
     if isinstance(exc, ModelError):
-        return ApiError(502, "model_error", message)
+        # The full text can name the model's endpoint, quote its error body or its raw output: the
+        # operator's log only.
+        log.warning("search failed: %s", message)
+        return ApiError(502, "model_error", f"the model request failed ({_model_failure(exc)}); details are in the server log")
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return ApiError(504, "timeout", message)
     log.error("search failed", exc_info=exc)
@@ -443,6 +448,19 @@ def _map_search_error(exc: BaseException) -> ApiError:
 
 
 _FAILURE_WORDS = {"timeout": "timed out", "connection": "connection failed", "malformed": "malformed response"}
+
+
+def _model_failure(exc: BaseException) -> str:
+    """The kind of a model failure (its own or its first cause's), for a client."""
+    while exc is not None:
+        if isinstance(exc, ModelRequestError):
+            return _request_failure(exc)
+        if isinstance(exc, StructuredOutputError):
+            return "answer was not the requested JSON"
+        if isinstance(exc, LLMTimeoutError):
+            return "timed out (llm_timeout)"
+        exc = exc.__cause__  # type: ignore[assignment]
+    return "model error"
 
 
 def _request_failure(exc: ModelRequestError) -> str:

@@ -91,6 +91,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict]:
     }
 
 
+_FASTAPI_BODY_PARSE_ERROR = "There was an error parsing the body"
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 401: "unauthorized"}
 
 
@@ -105,6 +106,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_PARSE_ERROR:
+            # FastAPI's answer to a body it cannot decode (not UTF-8, nested too deep for the parser)
+            return ApiError(422, "invalid_json", "request body is not valid JSON (UTF-8 text, nested at most a few hundred levels)").response()
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         err = ApiError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
         return err.response()
@@ -123,6 +127,8 @@ def validation_error(errors: list[dict] | tuple[dict, ...], *, prefix: str = "")
         loc = loc[1:]
     if first.get("type") == "json_invalid":
         return ApiError(422, "invalid_json", f"request body is not valid JSON: {first.get('msg')}")
+    if not loc and first.get("type") == "missing":
+        return ApiError(422, "invalid_json", 'request body is empty; send a JSON object such as {"query": "..."}')
     field = ".".join([prefix, *loc] if prefix else loc) or None
     code = "unknown_field" if first.get("type") == "extra_forbidden" else "invalid_request"
     message = "unknown field" if code == "unknown_field" else str(first.get("msg", "invalid value"))
