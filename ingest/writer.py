@@ -279,13 +279,21 @@ class IndexWriter:
             await self._db.create_table(schema.MANIFEST_TABLE, data=row)
 
     async def _rollback(self) -> None:
-        """Put touched tables back to the previous manifest's versions (drop the ones it lacks)."""
-        pinned = self._previous.tables if self._previous else {}
+        """Put each touched table back to the version the newest committed generation that has it
+        pins; drop only a table no committed generation pins. The manifests are read again: another
+        ingest may have committed meanwhile (object stores have no lock), and an older kept
+        generation may still need a table the previous one lacks."""
+        try:
+            committed = await read_manifests(self._db, self.uri)
+        except Exception as exc:  # noqa: BLE001 - fall back to what was committed when this ingest began
+            log.warning("%s: could not re-read the manifests for the rollback: %s", self.uri, exc)
+            committed = self._manifests
         for name in self._touched:
+            pins = [m.tables[name].version for m in committed if name in m.tables]  # oldest first
             try:
-                if name in pinned:
+                if pins:
                     handle = await self._db.open_table(name)
-                    await handle.restore(pinned[name].version)
+                    await handle.restore(pins[-1])
                 else:
                     await self._db.drop_table(name, ignore_missing=True)
             except Exception as exc:  # noqa: BLE001 - best effort: the manifest still pins the old versions
@@ -318,6 +326,21 @@ class IndexWriter:
                 await manifests.delete(f"generation < {kept[0].generation}")
             except Exception as exc:  # noqa: BLE001 - as above
                 log.warning("%s: could not drop the manifests of cleaned-up generations: %s", self.uri, exc)
+                return
+        await self._drop_unpinned_tables(kept)
+
+    async def _drop_unpinned_tables(self, kept: list[Manifest]) -> None:
+        """Drop tables only generations that are no longer kept had (covariates, when a later index
+        has no claims). A table written since its last pinned version is left alone: an ingest
+        running now on object storage (no lock) may be writing it."""
+        kept_names = {name for m in kept for name in m.tables}
+        for name in sorted({name for m in self._manifests for name in m.tables} - kept_names):
+            last_pinned = max(m.tables[name].version for m in self._manifests if name in m.tables)
+            try:
+                if await (await self._db.open_table(name)).version() <= last_pinned:
+                    await self._db.drop_table(name)
+            except Exception as exc:  # noqa: BLE001 - as above
+                log.warning("%s: could not drop table %r, which no kept generation uses: %s", self.uri, name, exc)
 
 
 def kept_generations(manifests: list[Manifest], now: datetime, keep_replaced_seconds: float) -> list[Manifest]:

@@ -529,6 +529,43 @@ async def test_failure_midway_rolls_back_to_previous_versions(dulce_dir, tmp_pat
     assert await latest_rows(uri, "entities") == 39  # restored, not only pinned
 
 
+async def test_a_failed_ingest_keeps_the_tables_an_older_kept_generation_needs(dulce_dir, tmp_path, monkeypatch):
+    """Generation 1 has claims, generation 2 none; an ingest that fails after writing covariates
+    must restore generation 1's table, not drop it (the previous generation lacks it)."""
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(dulce_dir, uri, progress=False)
+    no_claims = copy_index(dulce_dir, tmp_path / "no-claims", lambda root: (root / "covariates.parquet").unlink())
+    assert "covariates" not in (await ingest.run_ingest(no_claims, uri, progress=False)).manifest.tables
+    real = IndexWriter._write_table
+
+    async def failing_after_covariates(self, table):
+        info = await real(self, table)
+        if table.name == "covariates":
+            raise RuntimeError("disk full")
+        return info
+
+    monkeypatch.setattr(IndexWriter, "_write_table", failing_after_covariates)
+    with pytest.raises(RuntimeError, match="disk full"):
+        await ingest.run_ingest(dulce_dir, uri, progress=False)
+    first = await open_store(uri, generation=1)
+    assert await first.count("covariates") == 41
+    await first.close()
+
+
+async def test_tables_only_cleaned_up_generations_had_are_dropped(dulce_dir, tmp_path):
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(dulce_dir, uri, progress=False)
+    no_claims = copy_index(dulce_dir, tmp_path / "no-claims", lambda root: (root / "covariates.parquet").unlink())
+    config = IngestConfig(keep_replaced_seconds=0)
+    await ingest.run_ingest(no_claims, uri, config=config, progress=False)
+    assert "covariates" in await list_table_names(await lancedb.connect_async(uri))  # generation 1 is kept
+    await ingest.run_ingest(no_claims, uri, config=config, progress=False)  # generation 1 is cleaned up now
+    assert "covariates" not in await list_table_names(await lancedb.connect_async(uri))
+    store = await open_store(uri)
+    assert await store.generations() == [2, 3] and await store.count("entities") == 39
+    await store.close()
+
+
 def ingest_paused_after_entities(src, uri: str, *, pause_s: float) -> subprocess.Popen:
     """`drift-lance ingest src --db uri` in a subprocess that pauses `pause_s` after each table,
     returned once it has written (not committed) the entities table."""
@@ -581,22 +618,29 @@ def test_killed_ingest_leaves_previous_database_usable(dulce_dir, tmp_path):
     assert report.manifest.generation == 2 and report.rows["entities"] == 38
 
 
-async def test_of_two_concurrent_ingests_the_later_commit_gives_way(dulce_dir, tmp_path):
+@pytest.mark.parametrize("start", ["previous generation", "empty database", "previous generation without claims"])
+async def test_of_two_concurrent_ingests_the_later_commit_gives_way(dulce_dir, tmp_path, start):
     """Two ingests into one database: the one that commits second finds a generation it did not start
-    from, rolls back and commits nothing (object stores have no lock, so this is checked at commit)."""
+    from, rolls back and commits nothing (object stores have no lock, so this is checked at commit).
+    Its rollback leaves the winner's tables alone, including ones its own starting point lacked."""
     uri = str(tmp_path / "db")
-    await ingest.run_ingest(dulce_dir, uri, progress=False)
+    no_claims = copy_index(dulce_dir, tmp_path / "no-claims", lambda root: (root / "covariates.parquet").unlink())
+    if start != "empty database":
+        await ingest.run_ingest(no_claims if start.endswith("without claims") else dulce_dir, uri, progress=False)
     config = IngestConfig()
     source, tables, _ = await ingest.prepare(dulce_dir, config=config, progress=False)
     slow = IndexWriter(uri, config, None, progress=False)
-    assert (await slow.open()).generation == 1
+    started_from = await slow.open()
+    expected = 1 if start == "empty database" else 2
+    assert (started_from is None) == (start == "empty database")
     smaller = copy_index(dulce_dir, tmp_path / "src", _change("entities.parquet", lambda f: f.head(-1)))
-    assert (await ingest.run_ingest(smaller, uri, progress=False)).manifest.generation == 2  # the fast one
-    with pytest.raises(IngestError, match="another ingest committed generation 2 while this one ran"):
+    assert (await ingest.run_ingest(smaller, uri, progress=False)).manifest.generation == expected  # the fast one
+    with pytest.raises(IngestError, match=f"another ingest committed generation {expected} while this one ran"):
         await slow.write(tables, source_path=str(source.root), layout=source.layout, options={})
     store = await open_store(uri)
-    assert store.manifest.generation == 2 and await store.generations() == [1, 2]
+    assert store.manifest.generation == expected and await store.generations() == list(range(1, expected + 1))
     assert await store.count("entities") == 38  # the fast ingest's data, pinned by its manifest
+    assert await store.count("covariates") == 41 and (await store.scan("relationships")).height == 107
     await store.close()
 
 
