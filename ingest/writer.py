@@ -38,6 +38,8 @@ from ingest.embeddings import TableVectors
 
 log = logging.getLogger(__name__)
 
+PQ_MIN_ROWS = 256  # one row per code of an 8-bit PQ codebook
+
 # Test hook for the interrupted-ingest test: seconds to sleep after each table is written.
 PAUSE_ENV = "DRIFT_LANCE_INGEST_PAUSE_AFTER_TABLE"
 
@@ -79,7 +81,8 @@ def index_params(config: VectorIndexConfig, rows: int, dim: int) -> dict[str, An
     # at 10^6 x 1536 500 partitions reach recall@10 0.955 at 60 probes in 7.4-8.5 ms, where 1000 need
     # 96 probes and 11.0-11.9 ms (raw LanceDB, alternated; 700 and 350 partitions did worse than 500).
     root = math.sqrt(rows) / 2 if config.type == "IVF_RQ" else math.sqrt(rows)
-    partitions = config.num_partitions or max(1, round(root))
+    # LanceDB trains at most one partition per row; the manifest records what it builds
+    partitions = min(config.num_partitions or max(1, round(root)), max(rows, 1))
     if config.type == "IVF_PQ":
         return {"num_partitions": partitions, "num_sub_vectors": config.num_sub_vectors or max(1, dim // 16)}
     return {"num_partitions": partitions}
@@ -247,6 +250,10 @@ class IndexWriter:
             # LanceDB's RaBitQ codes need a multiple of 8 dimensions; IVF_FLAT takes any.
             log.warning("table %r: %d-d vectors cannot be IVF_RQ-indexed (needs a multiple of 8); building IVF_FLAT",
                         table.name, dim)
+            config = config.model_copy(update={"type": "IVF_FLAT"})
+        if config.type == "IVF_PQ" and rows < PQ_MIN_ROWS:
+            # PQ trains 256 centroids per sub-vector: LanceDB then leaves every row unindexed.
+            log.warning("table %r: %d rows are too few to train IVF_PQ (needs %d); building IVF_FLAT", table.name, rows, PQ_MIN_ROWS)
             config = config.model_copy(update={"type": "IVF_FLAT"})
         await handle.create_index(schema.VECTOR, config=_vector_index(config, rows, dim), replace=True)
         return config.type, index_params(config, rows, dim)

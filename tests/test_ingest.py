@@ -732,6 +732,21 @@ async def test_ann_index_built_at_threshold(tmp_path):
     assert any(i.columns == ["vector"] for i in await table.list_indices())
 
 
+async def test_the_manifest_records_the_vector_index_lancedb_built(dulce_dir, tmp_path, caplog):
+    """More partitions than rows, or IVF_PQ on fewer rows than its codebooks need, are not what
+    LanceDB builds (it trains one partition per row; PQ leaves every row unindexed)."""
+    for kind, expected in (("IVF_FLAT", "IVF_FLAT"), ("IVF_PQ", "IVF_FLAT")):
+        config = IngestConfig(ann_min_rows=1, vector_index={"type": kind, "num_partitions": 1000})
+        uri = str(tmp_path / kind)
+        report = await ingest.run_ingest(dulce_dir, uri, config=config, progress=False)
+        info = report.manifest.tables["entities"]
+        assert (info.vector_index, info.vector_index_params["num_partitions"]) == (expected, 39)
+        table = await (await lancedb.connect_async(uri)).open_table("entities", version=info.version)
+        stats = await table.index_stats((await table.list_indices())[0].name)
+        assert stats.num_indexed_rows == 39 and stats.num_unindexed_rows == 0
+    assert "too few to train IVF_PQ" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("partitions", "expected"),
     [
