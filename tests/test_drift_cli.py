@@ -79,6 +79,8 @@ def test_query_prints_answer_then_stage_table_and_streams(server, dulce_db_uri, 
     assert rows["primer"][0] == "1" and rows["action"][0] == "1" and rows["total"][0] == "4"
     assert "completion time:" in out
 
+    assert "degraded" not in out
+
     assert main(["query", QUERY, "--db", dulce_db_uri, "--stream", "--set", "drift_k_followups=1",
                  "--set", "n_depth=0", "--set", "primer_folds=1"]) == 0
     streamed = capsys.readouterr().out
@@ -175,3 +177,16 @@ def test_community_level_chooses_the_primers_reports(server, dulce_db_uri, capsy
 
     assert primer_report_levels() == [0, 1]
     assert primer_report_levels("community_level=0") == [0]
+
+
+def test_query_says_when_the_answer_had_to_do_without_a_failed_step(server, dulce_db_uri, capsys):
+    def one_follow_up_fails(request):
+        if request.messages[-1]["content"] == "Who is Taylor Cruz?":
+            return Reply(status=500, body={"error": {"message": "boom"}})
+        return _model(request)
+
+    server.on_chat = one_follow_up_fails
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--set", "n_depth=1", "--set", "primer_folds=1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(FINAL)
+    assert "degraded: answered without 1 failed step(s) (action 1; the log says why)" in out

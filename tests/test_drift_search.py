@@ -277,6 +277,7 @@ async def test_a_stuck_follow_up_is_cut_off_by_the_time_budget_and_the_reduce_an
     async with asyncio.timeout(30):  # a failure here would otherwise hang the suite
         result = await search.search("Who leads the Dulce base?", callbacks=Record())
     assert result.response == REDUCE_TEXT and chat.in_flight == 0
+    assert result.failures_categories["action"] == 1
     nodes = {n["query"]: n for n in result.state["nodes"]}
     stuck = nodes["P0-0"]
     assert stuck["score"] == "-inf" and "time budget" in stuck["metadata"]["error"]
@@ -495,6 +496,9 @@ async def test_any_failing_call_degrades_hyde_falls_back_a_fold_and_a_follow_up_
     assert failed["score"] == "-inf" and failed["metadata"]["error"] == "ModelError: the chat model timed out: read timed out"
     assert next(node for node in follow_ups if node["query"] == "F")["answer"]
     assert result.llm_calls_categories == {"build_context": 1, "primer": 2, "action": 2, "reduce": 1}
+    # what the answer had to do without, at the top of the result
+    assert result.failures_categories == {"build_context": 1, "primer": 1, "action": 1, "reduce": 0}
+    assert result.failures == 3
 
 
 @pytest.mark.parametrize("level", [0, 1])

@@ -759,7 +759,9 @@ def test_a_stuck_follow_up_does_not_cost_the_answer(service_settings, live_serve
     errors = [n["metadata"].get("error") for n in blocking.json()["state"]["nodes"]]
     assert errors.count("TimeoutError") == 1
     assert too_long.status_code == 422 and _error(too_long)["field"] == "config.time_budget"
-    assert [name for name, _ in events if name == "done"] == ["done"]
+    assert blocking.json()["failures"] == 1 and blocking.json()["failures_categories"]["action"] == 1
+    done = [data for name, data in events if name == "done"]
+    assert len(done) == 1 and done[0]["failures_categories"]["action"] == 1
     assert "".join(data["text"] for name, data in events if name == "token") == REDUCE_ANSWER
 
 

@@ -178,6 +178,9 @@ def print_stats(result: SearchResult, out: TextIO) -> None:
     out.write(f"{'stage':<14}{'llm_calls':>10}{'prompt_tokens':>15}{'output_tokens':>15}\n")
     for stage, calls, prompt, output in rows:
         out.write(f"{stage:<14}{calls:>10}{prompt:>15}{output:>15}\n")
+    if result.failures:
+        lost = ", ".join(f"{stage} {count}" for stage, count in result.failures_categories.items() if count)
+        out.write(f"degraded: answered without {result.failures} failed step(s) ({lost}; the log says why)\n")
     out.write(f"completion time: {result.completion_time:.2f} s\n")
 
 

@@ -43,6 +43,7 @@ class PrimerOutcome:
     build_context_usage: Usage  # the HyDE call
     primer_usage: Usage  # the fold calls
     fold_errors: list[str] = field(default_factory=list)
+    hyde_fell_back: bool = False  # the HyDE call failed or was empty: the query itself was embedded
 
 
 def check_embedder(store: IndexStore, embedder: Embedder) -> None:
@@ -104,7 +105,7 @@ class DRIFTPrimer:
         self.rng = rng
 
     async def run(self, query: str) -> PrimerOutcome:
-        hyde_text, hyde_usage = await self.expand_query(query)
+        hyde_text, hyde_usage, hyde_fell_back = await self.expand_query(query)
         vector = (await self.embedder.embed([hyde_text], kind="query"))[0]
         reports = await self.top_reports(vector)
         if reports.height == 0:
@@ -122,12 +123,12 @@ class DRIFTPrimer:
                 **({"fold_errors": errors} if errors else {}),
             },
         )
-        return PrimerOutcome(root, reports, hyde_text, hyde_usage, primer_usage, errors)
+        return PrimerOutcome(root, reports, hyde_text, hyde_usage, primer_usage, errors, hyde_fell_back)
 
     # --- HyDE ---
-    async def expand_query(self, query: str) -> tuple[str, Usage]:
+    async def expand_query(self, query: str) -> tuple[str, Usage, bool]:
         """A hypothetical answer shaped like a random report; falls back to the query itself when
-        the model returns nothing or fails (the search can still proceed)."""
+        the model returns nothing or fails (the search can still proceed). The flag says it fell back."""
         template = await self._template_report()
         prompt = self.prompts.hyde.format(query=query, template=template)
         try:
@@ -136,12 +137,12 @@ class DRIFTPrimer:
             )
         except Exception as exc:  # noqa: BLE001 - any failed call degrades, as a follow-up's does
             log.warning("HyDE expansion failed (%s: %s); embedding the query as is", type(exc).__name__, exc)
-            return query, failed_call_usage(exc)
+            return query, failed_call_usage(exc), True
         text = result.text.strip()
         if not text:
             log.warning("HyDE expansion was empty; embedding the query as is")
-            return query, result.usage.of_one_call()
-        return text, result.usage.of_one_call()
+            return query, result.usage.of_one_call(), True
+        return text, result.usage.of_one_call(), False
 
     async def _template_report(self) -> str:
         """One random report's text (at or under the community level), read by id (nothing is scanned)."""

@@ -33,6 +33,10 @@ class SearchResult(BaseModel):
     llm_calls_categories: dict[str, int] = Field(default_factory=dict)
     prompt_tokens_categories: dict[str, int] = Field(default_factory=dict)
     output_tokens_categories: dict[str, int] = Field(default_factory=dict)
+    # DRIFT: steps the answer had to do without, per stage: a HyDE expansion that fell back to the
+    # query (build_context), failed primer folds, failed or cut-off follow-ups. 0: nothing was lost.
+    failures: int = 0
+    failures_categories: dict[str, int] = Field(default_factory=dict)
     # DRIFT only: the action graph (QueryState.serialize(include_context=False)).
     state: dict[str, Any] | None = None
 

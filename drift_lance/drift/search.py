@@ -67,6 +67,7 @@ class _Run:
     context_slots: asyncio.Semaphore
     state: QueryState = field(default_factory=QueryState)
     usage: dict[str, Usage] = field(default_factory=lambda: {stage: Usage() for stage in STAGES})
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
     started: float = field(default_factory=time.perf_counter)
     graph: dict[str, Any] | None = None
 
@@ -178,6 +179,8 @@ class DRIFTSearch:
         outcome = await primer.run(run.query)
         run.usage["build_context"] = outcome.build_context_usage
         run.usage["primer"] = outcome.primer_usage
+        run.failures["build_context"] = int(outcome.hyde_fell_back)
+        run.failures["primer"] = len(outcome.fold_errors)
         root = run.state.add_action(outcome.root)
         run.state.add_all_follow_ups(root, root.follow_ups)
         await emit(run.callbacks, "on_primer_done", root, to_jsonable(outcome.reports.drop("full_content", strict=False)))
@@ -351,6 +354,7 @@ class DRIFTSearch:
         calls = {stage: run.usage[stage].calls for stage in STAGES}
         prompt = {stage: run.usage[stage].prompt_tokens for stage in STAGES}
         output = {stage: run.usage[stage].output_tokens for stage in STAGES}
+        failures = {**run.failures, "action": sum(1 for action in run.state.graph.nodes if action.failed)}
         return SearchResult(
             response=response,
             context_data=context_data,
@@ -362,6 +366,8 @@ class DRIFTSearch:
             llm_calls_categories=calls,
             prompt_tokens_categories=prompt,
             output_tokens_categories=output,
+            failures=sum(failures.values()),
+            failures_categories=failures,
             state=run.action_graph(),
         )
 

@@ -55,6 +55,8 @@ class DoneEvent(_Event):
     llm_calls_categories: dict[str, int]
     prompt_tokens_categories: dict[str, int]
     output_tokens_categories: dict[str, int]
+    failures: int = Field(0, description="DRIFT steps the answer had to do without (0: nothing was lost)")
+    failures_categories: dict[str, int] = Field(default_factory=dict, description="those steps per stage")
     completion_time: float = Field(description="seconds")
 
 
