@@ -765,6 +765,29 @@ def test_a_stuck_follow_up_does_not_cost_the_answer(service_settings, live_serve
     assert "".join(data["text"] for name, data in events if name == "token") == REDUCE_ANSWER
 
 
+def test_every_response_and_its_log_lines_carry_the_request_id(service_settings, live_server, caplog):
+    """A client's usable X-Request-ID is echoed, else one is made; the search's log lines (its
+    task included) carry the same id, so an error can be found in the log."""
+    from drift_lance.models.base import ModelError
+    from drift_lance.testing import ScriptedChatModel
+
+    settings = service_settings.with_updates({"service.api_key": "k"})
+    srv = start(live_server, settings, ScriptedChatModel(lambda *a: ModelError("upstream is down")))
+    auth = {"Authorization": "Bearer k"}
+    with srv.client() as client, caplog.at_level(logging.WARNING):
+        chosen = client.post("/v1/search", json={"query": "q"}, headers={**auth, "X-Request-ID": "req-42"})
+        made = client.post("/v1/search", json={"query": "q", "method": "local"}, headers=auth)
+        odd = client.get("/v1/index", headers={**auth, "X-Request-ID": "has spaces in it"})
+        refused = client.get("/v1/index")
+    assert chosen.status_code == 502 and chosen.headers["x-request-id"] == "req-42"
+    assert len(made.headers["x-request-id"]) == 32 and made.headers["x-request-id"] != odd.headers["x-request-id"]
+    assert odd.headers["x-request-id"] != "has spaces in it" and refused.status_code == 401 and refused.headers["x-request-id"]
+    failures = [r for r in caplog.records if r.getMessage().startswith("search failed")]
+    assert [r.request_id for r in failures] == ["req-42", made.headers["x-request-id"]]
+    in_search_task = [r for r in caplog.records if r.getMessage().startswith("HyDE expansion failed")]
+    assert [r.request_id for r in in_search_task] == ["req-42"]
+
+
 def test_model_failure_is_reported_not_500(service_settings, live_server, caplog):
     from drift_lance.models.base import ModelError
     from drift_lance.models.deadline import LLMTimeoutError

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.config.settings import Settings
     from drift_lance.object_store import merge_storage_options
+    from drift_lance.service.request_id import install_log_request_ids
     from drift_lance.service.server import serve
 
     settings = Settings.load(args.config, graphrag=True, db=args.db)
@@ -64,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
     port = sockets[0].getsockname()[1]  # the one the OS picked for --port 0
     auth = "on" if cfg.api_key else "off"
     print(f"drift-lance: serving {settings.db} on http://{host_and_port(cfg.host, port)} (API key {auth})", file=sys.stderr)
+    # A long-running server's log lines carry the time and the request they belong to (the id its
+    # response's X-Request-ID header gives the client).
+    install_log_request_ids()
+    logging.basicConfig(force=True, level=logging.getLogger().level,
+                        format="%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
     # The service's own events (generation switches, cancelled searches) at uvicorn's level, info.
     service_log = logging.getLogger("drift_lance.service")
     if service_log.getEffectiveLevel() > logging.INFO:

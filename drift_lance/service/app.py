@@ -28,6 +28,7 @@ from drift_lance.drift.result import SearchResult
 from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
 from drift_lance.models.base import ModelError, ModelRequestError, StructuredOutputError
 from drift_lance.models.deadline import LLMTimeoutError
+from drift_lance.service.request_id import RequestIds, install_log_request_ids
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, cancelled_by_shutdown, error_responses, install_error_handlers
 from drift_lance.service.events import add_stream_events
@@ -169,7 +170,9 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.service.max_body_bytes,
                        read_timeout=settings.service.request_read_timeout_seconds)
-    app.add_middleware(_RequireApiKey, state=state)  # outermost: before any body is read
+    app.add_middleware(_RequireApiKey, state=state)  # before any body is read
+    install_log_request_ids()
+    app.add_middleware(RequestIds)  # outermost: every response, a 401 too, carries its id
 
     declare_auth = [Security(_bearer)]  # the OpenAPI security scheme; _RequireApiKey enforces it
     app.include_router(_probe_routes(state))

@@ -1,0 +1,69 @@
+"""Request ids: every response carries `X-Request-ID` (the client's, when it sent a usable one, else
+a new one), and every log record written while the request is served carries it as `request_id`,
+so an operator can match a client's error to the server log lines behind it. The search task a
+request starts inherits the id (asyncio copies the context into the tasks it creates)."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import uuid
+from typing import Any
+
+__all__ = ["HEADER", "RequestIds", "current_request_id", "install_log_request_ids"]
+
+HEADER = "x-request-id"
+_NO_REQUEST = "-"
+# What a client may choose: short, printable, no spaces (it is echoed in a header and in logs).
+_USABLE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+_current: contextvars.ContextVar[str] = contextvars.ContextVar("drift_lance_request_id", default=_NO_REQUEST)
+_installed = False
+
+
+def current_request_id() -> str:
+    """The id of the request being served on this task, or "-" outside a request."""
+    return _current.get()
+
+
+def install_log_request_ids() -> None:
+    """Give every log record a `request_id` attribute (for a format with `%(request_id)s`).
+    Idempotent; wraps whatever record factory is installed."""
+    global _installed
+    if _installed:
+        return
+    make_record = logging.getLogRecordFactory()
+
+    def record_with_request_id(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        record.request_id = _current.get()
+        return record
+
+    logging.setLogRecordFactory(record_with_request_id)
+    _installed = True
+
+
+class RequestIds:
+    """ASGI middleware: picks the request's id, serves the request with it set, and adds it to the
+    response headers."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == HEADER.encode()), "")
+        request_id = sent if _USABLE.fullmatch(sent) else uuid.uuid4().hex
+        token = _current.set(request_id)
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (HEADER.encode(), request_id.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            _current.reset(token)
