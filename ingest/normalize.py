@@ -538,9 +538,40 @@ def normalize(source: SourceIndex) -> NormalizedIndex:
     if schema.DOCUMENTS in tabs and tabs[schema.DOCUMENTS].frame.height:
         tables[schema.DOCUMENTS] = _documents(tabs[schema.DOCUMENTS])
     warnings = [w for name in tables if (w := tabs[name].filled_warning())]
+    warnings += dangling_references(tables, {name: tab.path for name, tab in tabs.items()})
     for warning in warnings:
         log.warning("%s", warning)
     return NormalizedIndex(source.layout, source.root, tables, raw, dict(source.files), warnings)
+
+
+# (table, column, referenced table, referenced column)
+_REFERENCES = (
+    (schema.RELATIONSHIPS, "source", schema.ENTITIES, "title"),
+    (schema.RELATIONSHIPS, "target", schema.ENTITIES, "title"),
+    (schema.ENTITIES, "text_unit_ids", schema.TEXT_UNITS, "id"),
+    (schema.COMMUNITIES, "entity_ids", schema.ENTITIES, "id"),
+    (schema.TEXT_UNITS, "document_ids", schema.DOCUMENTS, "id"),
+)
+
+
+def dangling_references(tables: dict[str, pl.DataFrame], paths: dict[str, Path]) -> list[str]:
+    """Warnings for ids and titles that point at no row of the table they refer to (an index that
+    was edited or partly regenerated, or graphrag's own extraction: the dulce sample names two
+    relationship sources that are no entity). The ingest goes on."""
+    warnings = []
+    for table, column, target, key in _REFERENCES:
+        if table not in tables or target not in tables:
+            continue
+        values = tables[table].get_column(column)
+        if values.dtype == pl.List(pl.String):
+            values = values.explode()
+        distinct = values.drop_nulls().unique(maintain_order=True)
+        missing = distinct.filter(~distinct.is_in(tables[target].get_column(key).implode()))
+        if missing.len():
+            examples = ", ".join(repr(v) for v in missing.head(3).to_list())
+            warnings.append(f"{paths[table]}: table {table!r}: {missing.len()} distinct value(s) of column {column!r} match no {key!r} of table "
+                            f"{target!r} (e.g. {examples}); searches do without what they point at")
+    return warnings
 
 
 def embedding_texts(table: str, frame: pl.DataFrame) -> list[str]:

@@ -403,8 +403,32 @@ async def test_optional_columns_filled_with_defaults_are_named_in_a_warning(file
     with caplog.at_level(logging.WARNING, logger="ingest"):
         report = await ingest.run_ingest(src, str(tmp_path / "db"), progress=False)
     warning = f"{src / file}: {expected}"
-    assert report.warnings == [warning]
+    assert report.warnings == [warning, dulce_dangling_sources(src)]
     assert warning in caplog.text
+
+
+def dulce_dangling_sources(src: Path) -> str:
+    """The one reference warning the real dulce index gets: graphrag extracted two relationships
+    whose source is no entity."""
+    return (f"{src / 'relationships.parquet'}: table 'relationships': 2 distinct value(s) of column 'source' match no "
+            "'title' of table 'entities' (e.g. 'ELEVATOR', 'CONCRETE HALLWAY'); searches do without what they point at")
+
+
+async def test_references_to_missing_rows_are_named_in_a_warning(dulce_dir, tmp_path):
+    """An edited or partly regenerated index: ids that point at no row are accepted, not silently."""
+    def break_references(root: Path) -> None:
+        rewrite(root / "entities.parquet", lambda f: f.with_columns(pl.col("text_unit_ids").list.concat(pl.lit(["gone-unit"]))))
+        rewrite(root / "communities.parquet", lambda f: f.with_columns(pl.col("entity_ids").list.concat(pl.lit(["gone-entity"]))))
+
+    src = copy_index(dulce_dir, tmp_path / "src", break_references)
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), progress=False)
+    assert report.warnings == [
+        dulce_dangling_sources(src),
+        f"{src / 'entities.parquet'}: table 'entities': 1 distinct value(s) of column 'text_unit_ids' match no 'id' of table "
+        "'text_units' (e.g. 'gone-unit'); searches do without what they point at",
+        f"{src / 'communities.parquet'}: table 'communities': 1 distinct value(s) of column 'entity_ids' match no 'id' of table "
+        "'entities' (e.g. 'gone-entity'); searches do without what they point at",
+    ]
 
 
 def test_cli_ingest_warns_about_optional_columns_it_filled(dulce_dir, tmp_path):
