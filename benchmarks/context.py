@@ -71,6 +71,10 @@ def run_context(rows: int, dim: int, queries: int, out: Path, work: Path, *,
     from benchmarks import graphrag_side
 
     meta = ensure_ingested(rows, dim, work, out, queries=max(queries, 100))
+    available = len(np.load(Path(meta["dir"]) / "engine_queries.npy", mmap_mode="r"))
+    if queries > available:  # one query per entity at most, and at most RECALL_QUERIES
+        log(f"  {queries} queries asked for; the dataset has {available}: using {available}")
+        queries = available
     log(f"context building on {rows:,} entities x {dim} ({queries} queries)")
     case = run_case("benchmarks.context:context_case", db=meta["db"], data_dir=meta["dir"], queries=queries)
     records = [Record(

@@ -294,6 +294,9 @@ def ensure_ingested(rows: int, dim: int, work: Path, out: Path, *, force: bool =
             run_case("benchmarks.engine:truth_case", db=meta["db"], out=str(base), queries=queries)
         return meta
     base.mkdir(parents=True, exist_ok=True)
+    # engine.json marks a complete ingest: gone until this one completes, so an interrupted
+    # re-ingest (its database already deleted) is redone by the next run instead of reused.
+    meta_path.unlink(missing_ok=True)
     src, db = base / "graphrag", base / "db"
     gen_meta = base / "generated.json"
     if gen_meta.exists():

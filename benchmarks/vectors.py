@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ SUBTOPIC_WEIGHT = 0.8
 POINT_NOISE = 0.55
 FLOOR_NOISE = 0.2
 QUERY_SEED_OFFSET = 1_000_003
+QUERY_BLOCK = 100  # queries come in blocks of a stream each, so the first n are the same for any count
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,10 @@ class VectorSpace:
             yield start, self.sample(min(CHUNK_ROWS, rows - start), stream=index)
 
     def queries(self, n: int) -> np.ndarray:
-        return self.sample(n, stream=QUERY_SEED_OFFSET)
+        """The first `n` of one fixed query sequence: a run of 10 queries measures the first 10 of a
+        run of 200, whatever the work directory asked for before."""
+        blocks = [self.sample(QUERY_BLOCK, stream=QUERY_SEED_OFFSET + b) for b in range(-(-n // QUERY_BLOCK))]
+        return np.concatenate(blocks)[:n] if blocks else np.zeros((0, self.dim), np.float32)
 
 
 _BASIS_CACHE: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
@@ -114,10 +119,11 @@ def _prepare_locked(out: Path, rows: int, dim: int, queries: int, seed: int) -> 
     meta_path = out / "dataset.json"
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        if meta.get("queries", 0) >= queries:
+        current = meta.get("query_block") == QUERY_BLOCK  # older datasets drew their queries in one stream
+        if current and meta.get("queries", 0) >= queries:
             return meta
         if (meta.get("rows"), meta.get("dim"), meta.get("seed")) == (rows, dim, seed):
-            return _more_queries(meta_path, meta, queries)
+            return _more_queries(meta_path, meta, max(queries, meta.get("queries", 0)))
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -162,10 +168,16 @@ def _queries_and_truth(space: VectorSpace, queries: int) -> tuple[np.ndarray, _T
 
 
 def _save_queries(meta_path: Path, meta: dict, query_vectors: np.ndarray, truth: _TopK) -> dict:
-    """Write the queries, their exact top 100 and then `meta` (last: its presence marks a complete dataset)."""
+    """Write the queries, their exact top 100 and then `meta`. Until `meta` says how many queries
+    there are, a run that stops midway leaves a dataset whose queries the next run recomputes (the
+    table stays): never queries paired with another set's truth."""
     out = meta_path.parent
-    np.save(out / "queries.npy", query_vectors)
-    np.save(out / "truth.npy", truth.ids())
+    if meta_path.exists():
+        meta_path.write_text(json.dumps({**meta, "queries": 0}))
+    for name, array in (("queries", query_vectors), ("truth", truth.ids())):
+        np.save(out / f"{name}.tmp.npy", array)
+        os.replace(out / f"{name}.tmp.npy", out / f"{name}.npy")
+    meta = {**meta, "query_block": QUERY_BLOCK}
     meta_path.write_text(json.dumps(meta))
     return meta
 
