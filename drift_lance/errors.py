@@ -34,3 +34,16 @@ def first_cause(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
+
+
+def checked_question(query: str) -> str:
+    """`query` stripped; ConfigError when it is empty or not Unicode text (a lone surrogate: bytes
+    that were not UTF-8 in a command-line argument, or a cut JSON escape), which no model request
+    can carry."""
+    if not query or not query.strip():
+        raise ConfigError("the question is empty")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("the question is not valid UTF-8 text") from None
+    return query.strip()

@@ -130,11 +130,33 @@ def test_local_method(server, dulce_db_uri, capsys):
     assert rows["response"] == rows["total"] and rows["response"][0] == "1" and "primer" not in rows
 
 
-@pytest.mark.parametrize("method", ["drift", "local"])
-def test_an_empty_question_is_a_usage_error(server, dulce_db_uri, capsys, method):
-    assert main(["query", "  ", "--db", dulce_db_uri, "--method", method]) == 2
-    assert "the question is empty" in capsys.readouterr().err
-    assert server.chat_requests == []
+@pytest.mark.parametrize("method", ["drift", "local", "context"])
+@pytest.mark.parametrize(("question", "message"), [("  ", "the question is empty"),
+                                                   ("Who leads \udcff?", "the question is not valid UTF-8 text")])
+def test_an_empty_or_undecodable_question_is_a_usage_error(server, dulce_db_uri, capsys, method, question, message):
+    # "\udcff": what Python makes of a byte that is not UTF-8 in a command-line argument
+    argv = ["context", question, "--db", dulce_db_uri] if method == "context" else ["query", question, "--db", dulce_db_uri, "--method", method]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert server.chat_requests == [] and server.embedding_requests == []
+
+
+def test_half_an_escaped_emoji_in_a_models_answer_does_not_fail_the_query(server, dulce_db_uri, capsys):
+    """A follow-up answer cut by max_tokens inside a JSON escape (a lone surrogate) is repaired into
+    text the next request can carry."""
+    def cut_follow_ups(request):
+        if "---Data tables---" in request.messages[0]["content"] and "follow_up_queries" in request.messages[0]["content"]:
+            return Reply(text='{"score": 70, "follow_up_queries": ["Who is Jordan Hayes \\ud83d?"], "response": "Mercer smiled \\ud83d',
+                         finish_reason="length")
+        return _model(request)
+
+    server.on_chat = cut_follow_ups
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--json", "--set", "n_depth=2", "--set", "drift_k_followups=2",
+                 "--set", "primer_folds=1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["response"] == FINAL and result["failures"] == 0
+    answers = [node["answer"] for node in result["state"]["nodes"][1:]]
+    assert answers and all(answer == "Mercer smiled \ufffd" for answer in answers)
 
 
 @pytest.mark.parametrize(
@@ -153,6 +175,12 @@ def test_bad_input_exits_2_naming_the_problem(server, dulce_db_uri, capsys, argv
     assert main(["query", QUERY, "--db", dulce_db_uri, *argv]) == 2
     assert message in capsys.readouterr().err
     assert server.chat_requests == []  # rejected before any model call
+
+
+def test_a_graph_out_path_that_is_a_directory_is_refused_before_any_model_call(server, dulce_db_uri, capsys, tmp_path):
+    (tmp_path / "graph.html").mkdir()
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--graph-out", str(tmp_path / "graph.html")]) == 2
+    assert "graph.html: is a directory" in capsys.readouterr().err and server.chat_requests == []
 
 
 def test_a_settings_file_finds_its_local_prompt_from_any_directory(server, dulce_db_uri, tmp_path, monkeypatch, capsys):

@@ -47,6 +47,16 @@ async def test_stream_search_yields_the_answer_in_deltas(dulce_store, query_vect
     assert model.calls[0].kind == "stream"
 
 
+async def test_an_empty_question_is_refused_before_any_model_call(dulce_store, query_vector):
+    model = ScriptedChatModel([ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store))
+    with pytest.raises(ConfigError, match="the question is empty"):
+        await search.search(" ", query_vector=query_vector)
+    with pytest.raises(ConfigError, match="the question is empty"):
+        search.stream_search("")
+    assert model.calls == []
+
+
 async def test_answer_timeout_raises_model_error(dulce_store, query_vector):
     model = ScriptedChatModel([ANSWER], delay=30)
     config = LocalSearchConfig(llm_timeout=0.05)

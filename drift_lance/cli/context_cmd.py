@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from drift_lance.errors import checked_question
+
 # Settings that only matter for the answer, not for the context.
 _ANSWER_ONLY_KEYS = {"prompt", "completion_model_id", "embedding_model_id", "response_type", "llm_timeout"}
 
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     overrides = parse_overrides(args.assignments)
     vector = read_query_vector(Path(args.query_vector)) if args.query_vector else None
+    if vector is None:  # the question is what gets embedded
+        args.query = checked_question(args.query)
     from drift_lance.cli.ingest_cmd import parse_storage_options
 
     storage_options = parse_storage_options(args.storage_options)

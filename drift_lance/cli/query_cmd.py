@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from drift_lance.drift.callbacks import DriftCallbacks
+from drift_lance.errors import checked_question
 from drift_lance.drift.result import STAGES, SearchResult
 
 
@@ -60,10 +62,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--graph-out {args.graph_out}: unknown extension {suffix!r}; use {', '.join(EXPORT_FORMATS)}")
     if args.stream and args.json:
         raise UsageError("--stream and --json cannot be combined")
-    if not args.query.strip():
-        raise UsageError("the question is empty")
-    if args.graph_out and not Path(args.graph_out).resolve().parent.is_dir():  # before any LLM call is spent
-        raise UsageError(f"--graph-out {args.graph_out}: no such directory {str(Path(args.graph_out).resolve().parent)!r}")
+    args.query = checked_question(args.query)
+    if args.graph_out:  # before any LLM call is spent
+        check_writable_file("--graph-out", Path(args.graph_out))
     settings, search_config = load_query_settings(args)
     db = args.db or settings.db
     if not db:
@@ -79,6 +80,20 @@ def run(args: argparse.Namespace) -> int:
         path = export_graph(result.state, args.graph_out)
         print(f"action graph written to {path}", file=sys.stderr)
     return 0
+
+
+def check_writable_file(option: str, path: Path) -> None:
+    """UsageError naming `option` when `path` cannot be written as a file (checked before a query
+    spends any LLM call, not after)."""
+    from drift_lance.cli import UsageError
+
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: no such directory {str(parent)!r}")
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    if not os.access(path if path.exists() else parent, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
 
 
 def load_query_settings(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -28,7 +28,7 @@ from drift_lance.drift.primer import DRIFTPrimer, check_embedder, failed_call_us
 from drift_lance.drift.prompts import DriftPrompts, load_prompts
 from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
 from drift_lance.drift.state import QueryState
-from drift_lance.errors import ConfigError
+from drift_lance.errors import ConfigError, checked_question
 from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, aclose_models, fit_to_window
 from drift_lance.models.limits import calls_ranked_from
 from drift_lance.store import IndexStore
@@ -151,11 +151,10 @@ class DRIFTSearch:
     def _new_run(self, query: str, callbacks: DriftCallbacks | Sequence[DriftCallbacks]) -> _Run:
         if self._closed:
             raise ConfigError(f"this DRIFTSearch on {self.store.uri} is closed")
-        if not query or not query.strip():
-            raise ConfigError("DRIFT search query cannot be empty")
+        query = checked_question(query)
         cfg = self.config
         return _Run(
-            query=query.strip(),
+            query=query,
             chat=BoundedChat(self.chat_model, concurrency=cfg.concurrency, timeout=cfg.llm_timeout),
             rng=random.Random(cfg.seed),
             callbacks=[*self.callbacks, *as_callback_list(callbacks)],

@@ -19,7 +19,7 @@ import numpy as np
 from drift_lance._bundled import bundled_prompt
 from drift_lance.config.local import LocalSearchConfig
 from drift_lance.drift.result import SearchResult, to_jsonable
-from drift_lance.errors import ConfigError
+from drift_lance.errors import ConfigError, checked_question
 from drift_lance.local.context import LocalContext, LocalContextBuilder
 from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, fit_to_window
 from drift_lance.models.deadline import deltas_within, within
@@ -106,6 +106,7 @@ class LocalSearch:
         **overrides: Any,
     ) -> SearchResult:
         started = time.perf_counter()
+        query = checked_question(query)
         context = await self.build_context(query, query_vector=query_vector, conversation_history=conversation_history, **overrides)
         messages = self.messages(query, context, response_type)
         result = await within(self.model.complete(messages, params=self.params), self.config.llm_timeout, "local search answer")
@@ -123,7 +124,7 @@ class LocalSearch:
         """Answer text deltas; the stream's `result` is set once it is exhausted. The context is
         built before the first delta; closing the stream early cancels the model call."""
         return LocalStream(
-            self, query, query_vector=query_vector, conversation_history=conversation_history,
+            self, checked_question(query), query_vector=query_vector, conversation_history=conversation_history,
             response_type=response_type, overrides=overrides,
         )
 

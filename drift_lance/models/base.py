@@ -209,3 +209,14 @@ class Embedder(Protocol):
         """Return a float32 matrix of shape (len(texts), dimension), L2-normalised rows. Pass
         kind="query" for search queries (including HyDE answers used as queries)."""
         ...
+
+
+def well_formed(text: str) -> str:
+    """`text` with lone UTF-16 surrogates replaced by U+FFFD (and split pairs joined). A model's
+    JSON can escape half an emoji (`"\\ud83d"`, its output cut by max_tokens); such a string cannot
+    be encoded into the next request, so it must not get that far."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text

@@ -46,7 +46,7 @@ from tenacity.wait import wait_base
 
 from drift_lance.config.models import ModelSettings
 from drift_lance.errors import ConfigError, first_cause
-from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, ModelRequestError, RequestFailure, Usage
+from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, ModelRequestError, RequestFailure, Usage, well_formed
 from drift_lance.models.compat import native_dimension
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
 from drift_lance.models.structured import parse_structured, response_format_for, schema_instruction
@@ -534,7 +534,7 @@ def _completion_text(response: dict[str, Any]) -> str:
     choice = choices[0] if isinstance(choices, list) and choices else None
     message = choice.get("message") if isinstance(choice, dict) else None
     content = message.get("content") if isinstance(message, dict) else None
-    return content if isinstance(content, str) else ""
+    return well_formed(content) if isinstance(content, str) else ""
 
 
 def _usage_from(usage: Any) -> Usage | None:
@@ -604,6 +604,7 @@ class OpenAIChatStream(GeneratorStream):
                     for choice in chunk.choices or ():
                         delta = choice.delta.content if choice.delta else None
                         if delta:
+                            delta = well_formed(delta)
                             parts.append(delta)
                             yield delta
             except openai.APIError as exc:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from drift_lance.models.base import StructuredOutputError, Usage
+from drift_lance.models.base import StructuredOutputError, Usage, well_formed
 
 StructuredMode = Literal["json_schema", "json_object", "prompt"]
 # Fallback order when the server rejects a mode: strict schema, JSON mode (with the schema where
@@ -104,13 +104,23 @@ def parse_structured(text: str, model: type[BaseModel], *, usage: Usage | None =
             usage=usage,
         ) from None
     try:
-        return model.model_validate(data)
+        return model.model_validate(_well_formed_strings(data))
     except ValidationError as exc:
         raise StructuredOutputError(
             f"model output is JSON but does not match {model.__name__}: {_first_errors(exc)}",
             text=text,
             usage=usage,
         ) from None
+
+
+def _well_formed_strings(data: Any) -> Any:
+    if isinstance(data, str):
+        return well_formed(data)
+    if isinstance(data, dict):
+        return {well_formed(str(key)): _well_formed_strings(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_well_formed_strings(item) for item in data]
+    return data
 
 
 def _first_errors(exc: ValidationError, limit: int = 3) -> str:
