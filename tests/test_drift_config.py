@@ -126,6 +126,11 @@ def test_errors_name_the_source_and_field(tmp_path):
         load_drift_config(tmp_path / "missing.yaml", env={})
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_set_options(["n_depth"])
+    # drift-lance's own file: a misspelt key is an error (graphrag's drift_search block only warns)
+    for name, text in (("ours.toml", "[drift]\nn_dpeth = 1\n"), ("bare.yaml", "n_depth: 1\nn_dpeth: 1\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=rf"{name}: unknown drift config field 'n_dpeth'; did you mean 'n_depth'"):
+            load_drift_config(tmp_path / name, env={})
 
 
 def test_prompt_files_are_checked_at_load(tmp_path):

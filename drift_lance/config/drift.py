@@ -186,7 +186,14 @@ def _validate(values: dict[str, Any], origin: Mapping[str, str]) -> DRIFTSearchC
 
 
 def _read_config_file(path: Path) -> dict[str, Any]:
-    return _known_values(_drift_section(read_config_mapping(path), path), path)
+    data = read_config_mapping(path)
+    section = _drift_section(data, path)
+    if "drift_search" not in data:
+        # drift-lance's own file (`drift:` or bare): a misspelt key is an error, as in every other
+        # section. graphrag's `drift_search:` has keys we do not use: those only warn.
+        for key in section:
+            _known_field(str(key), where=f"config file {path}")
+    return _known_values(section, path)
 
 
 def read_config_mapping(path: Path) -> dict[str, Any]:
