@@ -612,6 +612,31 @@ async def test_each_epoch_maps_its_follow_ups_with_one_batched_entity_search(dul
         assert (builder.builds_searching, builder.builds_with_selections, builder.builds_with_candidates) == (0, 6, 6)
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_search_failing_because_close_ran_meanwhile_says_so(store, streamed):
+    """close() shuts the models a search uses; the search then fails naming the close, not as
+    the model's failure."""
+    from drift_lance.models.base import ModelError
+
+    closed = asyncio.Event()
+    base = drift_responder()
+
+    async def respond(messages, params, response_model):
+        if stage_of(messages, response_model) == "primer":
+            await closed.wait()
+            raise ModelError("Cannot send a request, as the client has been closed.")
+        return base(messages, params, response_model)
+
+    search = make_search(store, ScriptedChatModel(respond), drift_k_followups=2, primer_folds=1, n_depth=1)
+    run = search.stream_search("q").text() if streamed else search.search("q")
+    task = asyncio.create_task(run)
+    await asyncio.sleep(0.05)
+    await search.close()
+    closed.set()
+    with pytest.raises(ConfigError, match="was closed while the search ran"):
+        await task
+
+
 async def test_close_closes_the_models_the_search_owns_and_nothing_else(store):
     class Closable(ScriptedChatModel):
         closed = 0

@@ -113,7 +113,11 @@ class DRIFTSearch:
     ) -> SearchResult:
         """Run the whole query; with `reduce=False` the response is the action graph."""
         with calls_ranked_from():  # under load, an earlier query's model calls go first
-            return await self._search(query, reduce=reduce, callbacks=callbacks)
+            try:
+                return await self._search(query, reduce=reduce, callbacks=callbacks)
+            except Exception as exc:
+                self._raise_if_closed(exc)
+                raise
 
     async def _search(self, query: str, *, reduce: bool, callbacks: DriftCallbacks | Sequence[DriftCallbacks]) -> SearchResult:
         run = self._new_run(query, callbacks)
@@ -140,6 +144,12 @@ class DRIFTSearch:
         finally:
             if self._owns_store:
                 await self.store.close()
+
+    def _raise_if_closed(self, exc: Exception) -> None:
+        """A search that fails because `close()` shut its models meanwhile says so, instead of
+        reporting the closed client as the model's failure."""
+        if self._closed and not isinstance(exc, ConfigError):  # a search started after close() says that itself
+            raise ConfigError(f"this DRIFTSearch on {self.store.uri} was closed while the search ran") from exc
 
     async def __aenter__(self) -> DRIFTSearch:
         return self
@@ -384,8 +394,12 @@ class DriftStream(GeneratorStream):
     async def _run(self) -> AsyncIterator[str]:
         with calls_ranked_from():  # under load, an earlier query's model calls go first
             async with aclosing(self._deltas()) as deltas:  # a stream left early closes its model call now
-                async for delta in deltas:
-                    yield delta
+                try:
+                    async for delta in deltas:
+                        yield delta
+                except Exception as exc:
+                    self._search._raise_if_closed(exc)
+                    raise
 
     async def _deltas(self) -> AsyncIterator[str]:
         search = self._search
