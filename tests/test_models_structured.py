@@ -41,10 +41,33 @@ class Loose(BaseModel):
         ('{"a": 1, "b": "x", "c', {"a": 1, "b": "x"}),
         ('{"a": 1} // trailing comment', {"a": 1}),
         ('[{"a": 1}, {"a": 2}]', [{"a": 1}, {"a": 2}]),
+        # a reasoning model's thoughts first (JSON-like text in them is not the answer), or cut off
+        ('<think>maybe {"a": 0}?</think>\n{"a": 1}', {"a": 1}),
+        ('<think>still thinking {"a": 0', None),
     ],
 )
 def test_extract_json_repairs(text, expected):
+    if expected is None:
+        with pytest.raises(ValueError):
+            extract_json(text)
+        return
     assert extract_json(text) == expected
+
+
+@pytest.mark.parametrize("questions", ['"Why?"', "null", '["Why?", 3, null]'])
+def test_follow_up_questions_in_odd_shapes_keep_the_answer(questions):
+    from drift_lance.drift.action import ActionAnswer
+
+    answer = parse_structured(f'{{"score": 40, "follow_up_queries": {questions}, "response": "kept"}}', ActionAnswer)
+    assert answer.response == "kept" and answer.follow_up_queries == ([] if questions == "null" else ["Why?"])
+
+
+def test_half_an_escaped_character_becomes_a_replacement_character():
+    from drift_lance.drift.action import ActionAnswer
+
+    answer = parse_structured('{"score": 40, "follow_up_queries": ["Who \\ud83d?"], "response": "cut \\ud83d', ActionAnswer)
+    assert answer.response == "cut \ufffd" and answer.follow_up_queries == ["Who \ufffd?"]
+    answer.response.encode("utf-8")  # what the next request needs
 
 
 def test_extract_json_without_json_raises():

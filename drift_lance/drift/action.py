@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from drift_lance.drift.result import to_jsonable
 
@@ -24,11 +24,26 @@ NEG_INF = float("-inf")
 # follow-ups (the structured-output layer closes the cut string).
 
 
+def _question_list(value: Any) -> Any:
+    """Follow-up questions as models write them: one question as a bare string, null for none, and
+    stray non-text items dropped, instead of losing the whole answer over its questions."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [item for item in value if isinstance(item, str)]
+    return value
+
+
+QuestionList = Annotated[list[str], BeforeValidator(_question_list)]
+
+
 class ActionAnswer(BaseModel):
     """Structured output of one follow-up (local search) call."""
 
     score: float = Field(description="0-100: how well the answer helps with the overall question.")
-    follow_up_queries: list[str] = Field(default_factory=list)
+    follow_up_queries: QuestionList = Field(default_factory=list)
     response: str = Field(description="The answer, formatted in markdown.")
 
 
@@ -36,7 +51,7 @@ class PrimerFoldAnswer(BaseModel):
     """Structured output of one primer call (one fold of community reports)."""
 
     score: float
-    follow_up_queries: list[str] = Field(default_factory=list)
+    follow_up_queries: QuestionList = Field(default_factory=list)
     intermediate_answer: str
 
 

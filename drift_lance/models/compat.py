@@ -38,7 +38,7 @@ def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder, 
     """Raise EmbeddingMismatchError when `embedder` cannot produce vectors comparable with the
     table's stored ones: a different dimension, or a different model. When the stored model is
     "unknown" (reused GraphRAG vectors ingested without --embedding-model) a model mismatch cannot
-    be detected, so only a warning is logged (once per table and embedder). An embedder whose
+    be detected, so only a warning is logged (once per database and embedder). An embedder whose
     dimension is not known yet (dimension 0: a remote model the client has no table entry for) is
     checked by model name only; its first vectors are then checked against the table's dimension
     where they are used. `uri` names the database in the message."""
@@ -49,12 +49,12 @@ def check_embedding_compatibility(stored: VectorColumnInfo, embedder: Embedder, 
             f"embedder {embedder.model_id!r} produces {embedder.dimension}-d vectors; {_embed_like(stored.model)}"
         )
     if stored.model == UNKNOWN_MODEL or not stored.model:
-        if (where, embedder.model_id) not in _warned_unknown:
-            _warned_unknown.add((where, embedder.model_id))
+        if (uri or where, embedder.model_id) not in _warned_unknown:  # one warning per database, not per table
+            _warned_unknown.add((uri or where, embedder.model_id))
             log.warning(
                 "%s: stored vectors' embedding model is unknown; assuming query embedder %r matches "
                 "(record it at ingest with --embedding-model)",
-                where,
+                uri or where,
                 embedder.model_id,
             )
         return

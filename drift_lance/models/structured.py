@@ -24,6 +24,8 @@ MODE_CHAIN: tuple[StructuredMode, ...] = ("json_schema", "json_object", "prompt"
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)(?:```|\Z)", re.DOTALL)
 _LITERALS = {"True": "true", "False": "false", "None": "null"}
+# DeepSeek-R1, Qwen3 and other reasoning models served by vLLM / Ollama / llama.cpp think aloud first.
+_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 
 
 # ---------------------------------------------------------------- request side
@@ -132,7 +134,9 @@ def _first_errors(exc: ValidationError, limit: int = 3) -> str:
 
 
 def extract_json(text: str) -> Any:
-    """The first JSON object (or array) in `text`, repairing common defects. Raises ValueError."""
+    """The first JSON object (or array) in `text`, repairing common defects. Raises ValueError.
+    A reasoning model's `<think>...</think>` block is skipped: JSON-like text in it is not the answer."""
+    text = _THINK.sub("", text)
     for candidate in _candidates(text):
         try:
             return json.loads(candidate, strict=False)
