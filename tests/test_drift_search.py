@@ -288,6 +288,22 @@ async def test_a_stuck_follow_up_is_cut_off_by_the_time_budget_and_the_reduce_an
     assert "answer to P1-0" in reduce_prompt and stage_of(chat.calls[-1].messages, None) == "reduce"
 
 
+async def test_follow_ups_are_not_started_once_the_primer_used_their_time_budget(store):
+    base = drift_responder()
+
+    async def respond(messages, params, response_model):
+        if response_model is PrimerFoldAnswer:
+            await asyncio.sleep(0.3)
+        return base(messages, params, response_model)
+
+    chat = ScriptedChatModel(respond)
+    search = make_search(store, chat, drift_k_followups=2, primer_folds=1, n_depth=2, time_budget=0.2)
+    result = await search.search("q")
+    assert result.response == REDUCE_TEXT and stages(chat) == ["hyde", "primer", "reduce"]
+    assert result.failures == 0  # nothing was tried and failed: the follow-ups stay open in the graph
+    assert [n["answer"] for n in result.state["nodes"][1:]] == [None, None]
+
+
 async def test_cancelling_the_search_cancels_in_flight_calls(store):
     started = asyncio.Event()
     base = drift_responder(children=4)

@@ -99,9 +99,10 @@ class DRIFTSearchConfig(BaseModel):
     time_budget: float | None = Field(
         None,
         gt=0,
-        description="Seconds a whole DRIFT query should take. Follow-up epochs stop at 3/4 of it: follow-ups "
-        "not answered by then are cancelled and marked failed, and the reduce answers from what is in, so one "
-        "stuck call cannot hold the answer back. None: no budget (the service sets its search timeout).",
+        description="Seconds a DRIFT query should take. Follow-up epochs stop at 3/4 of it (counted from the "
+        "query's start): follow-ups not answered by then are cancelled and marked failed, no further epoch starts, "
+        "and the reduce answers from what is in, so one stuck call cannot hold the answer back. HyDE, primer and "
+        "reduce are not cut (llm_timeout bounds single calls). None: no budget (the service sets its search timeout).",
     )
     llm_timeout: float | None = Field(
         None,

@@ -201,6 +201,11 @@ class DRIFTSearch:
             if not batch:
                 log.info("DRIFT: no open actions left after %d epoch(s)", epoch - 1)
                 break
+            if follow_ups_until is not None and asyncio.get_running_loop().time() >= follow_ups_until:
+                # the primer (or an earlier epoch) used the follow-ups' share: none are sent, none failed
+                log.warning("DRIFT: time budget (%g s) used up before epoch %d; reducing without its %d follow-up(s)",
+                            self.config.time_budget, epoch, len(batch))
+                break
             await emit(run.callbacks, "on_epoch_start", epoch, batch)
             try:
                 async with asyncio.timeout_at(follow_ups_until):
