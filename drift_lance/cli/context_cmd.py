@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     overrides = parse_overrides(args.assignments)
     vector = read_query_vector(Path(args.query_vector)) if args.query_vector else None
-    if vector is None:  # the question is what gets embedded
+    if args.query.strip():  # empty: graphrag's context of the --set include_entity_names only
         args.query = checked_question(args.query)
     from drift_lance.cli.ingest_cmd import parse_storage_options
 

@@ -271,13 +271,19 @@ def _model_settings(section: Any, source: Path | None) -> ModelSettings:
 
 
 def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
-    """One line naming each bad field by its dotted path (under `prefix`)."""
+    """One line naming each bad field by its dotted path (under `prefix`), the value it got and, for
+    a section's field, the environment variable that can also set it."""
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in ([prefix] if prefix else []) + list(err["loc"])) or "(root)"
+        path = [str(p) for p in ([prefix] if prefix else []) + list(err["loc"])]
+        loc = ".".join(path) or "(root)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        elif not isinstance(err.get("input"), dict):
+            msg += f", got {err['input']!r}"
+        if len(path) == 2 and path[0] != "models":  # DRIFT_LANCE_<SECTION>__<FIELD>; models use their own names
+            msg += f" (from the config file, DRIFT_LANCE_{path[0].upper()}__{path[1].upper()} or a flag)"
         parts.append(f"field {loc}: {msg}")
     return "; ".join(parts)
 

@@ -219,7 +219,9 @@ class LocalContextBuilder:
         try:
             return LocalSearchConfig.model_validate({**self.config.model_dump(), **values})
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'local'}: {e['msg']}" for e in exc.errors())
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'local'}: {e['msg']}, got {e['input']!r}"
+                                 f"{' (from --set ' + str(e['loc'][0]) + ')' if e['loc'] and e['loc'][0] in overrides else ''}"
+                                 for e in exc.errors())
             raise ConfigError(f"local search settings: {problems}") from None
 
     def tokenizer_for(self, config: LocalSearchConfig) -> Tokenizer:
