@@ -224,8 +224,10 @@ async def run_ingest(
         }
         manifest = await writer.write(done.tables, source_path=str(done.source.root.resolve()), layout=done.source.layout,
                                       options=options)
-    finally:
-        lock.release()
+    except BaseException:
+        lock.release(failed=True)
+        raise
+    lock.release()
     t = writer.timings
     return IngestReport(
         db_uri=db_uri,

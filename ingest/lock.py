@@ -41,6 +41,7 @@ class IngestLock:
         self.uri = uri
         self.folder = local_folder(uri)
         self._fd: int | None = None
+        self._created_folder = False
 
     def take(self, *, create: bool) -> None:
         """Lock the database, or raise IngestError naming it when another ingest holds the lock. A
@@ -68,15 +69,25 @@ class IngestLock:
         os.write(fd, f"{os.getpid()}\n".encode())  # named in the error of an ingest that has to wait
         self._fd = fd
 
-    def release(self) -> None:
+    def release(self, *, failed: bool = False) -> None:
+        """Unlock. After a failed first ingest, the folder this lock created goes too when nothing
+        but the lock file is left in it (the rollback dropped the tables): no half-made database."""
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor releases the lock
             self._fd = None
+        if failed and self._created_folder and self.folder is not None:
+            try:
+                if [entry.name for entry in self.folder.iterdir()] == [LOCK_FILE]:
+                    (self.folder / LOCK_FILE).unlink()
+                    self.folder.rmdir()
+            except OSError:  # best effort: a lock file left behind never blocks a later ingest
+                pass
 
     def _create_folder(self) -> None:
         assert self.folder is not None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+            self._created_folder = True
         except OSError as exc:
             raise StoreError(f"{self.uri}: cannot create the database folder: {exc.strerror or exc}") from exc
 

@@ -532,6 +532,24 @@ def test_kept_generations_are_the_newest_two_and_those_replaced_recently():
     assert [m.generation for m in kept_generations(history[:1], now, keep_replaced_seconds=600)] == [1]
 
 
+async def test_a_failed_first_ingest_leaves_no_database_folder(dulce_dir, tmp_path, monkeypatch):
+    real = IndexWriter._write_table
+
+    async def failing_after_entities(self, table):
+        await real(self, table)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(IndexWriter, "_write_table", failing_after_entities)
+    with pytest.raises(RuntimeError, match="disk full"):
+        await ingest.run_ingest(dulce_dir, str(tmp_path / "new-db"), progress=False)
+    assert not (tmp_path / "new-db").exists()
+    existing = tmp_path / "my-folder"
+    existing.mkdir()
+    with pytest.raises(RuntimeError, match="disk full"):
+        await ingest.run_ingest(dulce_dir, str(existing), progress=False)
+    assert existing.is_dir()  # a folder the user made stays (with the lock file, which blocks nothing)
+
+
 async def test_failure_midway_rolls_back_to_previous_versions(dulce_dir, tmp_path, monkeypatch):
     uri = str(tmp_path / "db")
     await ingest.run_ingest(dulce_dir, uri, progress=False)
