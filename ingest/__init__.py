@@ -14,6 +14,7 @@ from __future__ import annotations
 from ingest import _lance_log  # noqa: F401 - first: sets Lance's log level before Lance is imported
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from ingest.layouts import SourceIndex, detect_layout
 from ingest.lock import IngestLock
 from ingest.normalize import NormalizedIndex, embedding_texts, normalize
 from ingest.writer import IndexWriter, PreparedTable
+
+log = logging.getLogger(__name__)
 
 __all__ = ["IngestConfig", "IngestReport", "ingest", "prepare", "run_ingest"]
 
@@ -126,11 +129,17 @@ async def _prepare(
         _check_recorded_model(next(iter(vectors.values())), embedding_model)
     missing = [name for name in _WRITE_ORDER if name in schema.VECTOR_TABLES and name in norm.tables and name not in vectors]
     computed = 0
+    warnings = list(norm.warnings)
     if missing:
         if embedder is None:  # the configured default, built only when some vectors must be computed
             from drift_lance.models import get_embedder
 
             embedder = get_embedder()
+        if embedding_model and not vectors and normalise_model_id(embedding_model) != normalise_model_id(embedder.model_id):
+            warnings.append(f"{source.root}: --embedding-model {embedding_model!r} names the model of vectors the index "
+                            f"has, and it has none: every vector is computed with {embedder.model_id!r} (choose the "
+                            "model that computes them with DRIFT_LANCE_EMBEDDING_MODEL / models.embedding_model)")
+            log.warning("%s", warnings[-1])
         reused = next(iter(vectors.values()), None)
         if reused is not None:  # checked before embedding anything (a remote model may take hours)
             _check_one_space(reused, embedder.model_id, embedder.dimension, missing[0], embedding_model)
@@ -140,7 +149,7 @@ async def _prepare(
             if reused is not None:  # a model of unknown dimension is known now
                 _check_one_space(reused, embedder.model_id, vectors[name].matrix.shape[1], name, embedding_model)
     prepared = [PreparedTable(name, norm.tables[name], vectors.get(name)) for name in _WRITE_ORDER if name in norm.tables]
-    return _Prepared(source, prepared, computed, norm.warnings)
+    return _Prepared(source, prepared, computed, warnings)
 
 
 def _check_one_space(reused: TableVectors, model_id: str, dimension: int, table: str, embedding_model: str | None) -> None:

@@ -282,6 +282,11 @@ def test_demo_runs_offline_end_to_end(tmp_path):
     for stage in ("primer", "action", "reduce", "total"):
         assert stage in out
     assert (tmp_path / "demo" / "lancedb").is_dir()
+    # an ingest of another sample, embedder or drift-lance version is redone, the same one reused
+    (tmp_path / "demo" / "sample-ingested.sha256").write_text("made by an older drift-lance\n")
+    for expected in ("ingesting the sample index", "using the sample index already ingested"):
+        proc = drift_lance("demo", "--workdir", str(tmp_path / "demo"), "--query", "Who is Ruth Marsh?", timeout=1800)
+        assert proc.returncode == 0 and expected in proc.stderr, proc.stderr[-2000:]
 
 
 def test_public_api_names_resolve():

@@ -222,3 +222,18 @@ def test_query_says_when_the_answer_had_to_do_without_a_failed_step(server, dulc
     out = capsys.readouterr().out
     assert out.startswith(FINAL)
     assert "degraded: answered without 1 failed step(s) (action 1; the log says why)" in out
+
+
+def test_the_bundled_demo_chat_model_is_named_when_it_answers(monkeypatch, tmp_path):
+    """Without an endpoint, query and serve answer with SmolLM2-135M: they say so on stderr."""
+    from drift_lance.cli.query_cmd import uses_bundled_chat_model
+    from drift_lance.config.models import ModelSettings
+
+    for var in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "AZURE_OPENAI_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    assert uses_bundled_chat_model(ModelSettings())
+    gguf = tmp_path / "mine.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert not uses_bundled_chat_model(ModelSettings(chat_backend="local", llama_model_path=str(gguf)))
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1")
+    assert not uses_bundled_chat_model(ModelSettings())

@@ -913,6 +913,22 @@ async def test_vectors_of_a_dimension_ivf_rq_cannot_take_get_an_ivf_flat_index(t
     await store.close()
 
 
+async def test_an_embedding_model_named_for_vectors_the_index_lacks_is_warned_about(dulce_dir, tmp_path):
+    from drift_lance.testing import HashEmbedder
+
+    def drop_vectors(root: Path) -> None:
+        shutil.rmtree(root / "lancedb")
+        for path in root.glob("embeddings.*.parquet"):
+            path.unlink()
+
+    no_vectors = copy_index(dulce_dir, tmp_path / "src", drop_vectors)
+    report = await ingest.run_ingest(no_vectors, str(tmp_path / "db"), embedder=HashEmbedder(16, model_id="hash-16"),
+                                     embedding_model="text-embedding-3-large", progress=False)
+    assert report.manifest.vectors["entities"].model == "hash-16"
+    assert any("--embedding-model 'text-embedding-3-large' names the model of vectors the index has, and it has none: "
+               "every vector is computed with 'hash-16'" in w for w in report.warnings)
+
+
 async def test_recorded_embedding_model_must_fit_the_vectors(dulce_dir, tmp_path):
     with pytest.raises(IngestError, match=r"entity_description.lance: vectors have dimension 3072, but --embedding-model "
                                           r"'text-embedding-3-small' makes at most 1536-d"):

@@ -149,14 +149,13 @@ async def _ensure_index(workdir: Path, db: Path, embedder: Any, *, reingest: boo
     from drift_lance.errors import StoreError
     from drift_lance.sample import build_sample_index
 
-    if not reingest and db.exists():
+    marker = workdir / SAMPLE_DIGEST_FILE
+    digest = _sample_digest(embedder.model_id)
+    if not reingest and db.exists() and marker.is_file() and marker.read_text().strip() == digest:
         try:
-            store = await open_store(str(db))
-            same_embedder = store.manifest.vectors.get("entities") and store.manifest.vectors["entities"].model == embedder.model_id
-            await store.close()
-            if same_embedder:
-                _status(f"using the sample index already ingested in {db}")
-                return
+            await (await open_store(str(db))).close()
+            _status(f"using the sample index already ingested in {db}")
+            return
         except StoreError:
             pass  # half-built or foreign folder: rebuild below
     started = time.perf_counter()
@@ -164,8 +163,27 @@ async def _ensure_index(workdir: Path, db: Path, embedder: Any, *, reingest: boo
     timings.record("build sample index", started)
     _status(f"ingesting the sample index into {db} (embedding with {embedder.model_id})")
     started = time.perf_counter()
+    marker.unlink(missing_ok=True)
     await ingest.run_ingest(source, str(db), embedder=embedder, reembed=True, progress=sys.stderr.isatty())
+    marker.write_text(digest + "\n")
     timings.record("ingest", started)
+
+
+SAMPLE_DIGEST_FILE = "sample-ingested.sha256"
+
+
+def _sample_digest(embedder_id: str) -> str:
+    """What an ingested sample was made from: the sample's source files, the embedder and the
+    drift-lance version. A demo reuses its ingest only while all three are unchanged."""
+    import hashlib
+
+    import drift_lance
+    from drift_lance.sample import SOURCE_DIR
+
+    digest = hashlib.sha256(f"{drift_lance.__version__}\n{embedder_id}\n".encode())
+    for path in sorted(p for p in Path(SOURCE_DIR).rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(SOURCE_DIR)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def print_report(query: str, result: Any, timings: DemoTimings) -> None:

@@ -82,6 +82,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+BUNDLED_CHAT_NOTICE = ("answering with the embedded offline chat model (SmolLM2-135M): it shows the pipeline, its "
+                       "answers are not real; set OPENAI_BASE_URL / OPENAI_API_KEY or [models] for a real model")
+
+
+def uses_bundled_chat_model(models: Any) -> bool:
+    """Whether the chat model is the bundled demo model (local backend, no GGUF of the user's own)."""
+    resolved = models.resolve()
+    return resolved.chat_backend == "local" and resolved.llama_model_path is None
+
+
 def check_writable_file(option: str, path: Path) -> None:
     """UsageError naming `option` when `path` cannot be written as a file (checked before a query
     spends any LLM call, not after)."""
@@ -122,6 +132,8 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
         # Loading model weights (embedded defaults) must not block the event loop.
         chat = await asyncio.to_thread(get_chat_model, settings.models)
         embedder = await asyncio.to_thread(get_embedder, settings.models)
+        if uses_bundled_chat_model(settings.models):
+            print(f"drift-lance {args.command}: {BUNDLED_CHAT_NOTICE}", file=sys.stderr)
         freeze_long_lived_objects()  # no 0.1 s full collection of start-up objects mid-query
         if args.method == "local":
             from drift_lance.local import LocalContextBuilder, LocalSearch
@@ -133,6 +145,8 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
         else:
             search = _drift_search(store, chat, embedder, settings, config)
             callbacks = [_Progress(sys.stderr)] if sys.stderr.isatty() and not args.json else []
+            for progress in callbacks:
+                progress.on_query_start(config)
         return await _run_search(search, args, callbacks)
     finally:
         try:
@@ -210,6 +224,9 @@ class _Progress(DriftCallbacks):
     def _line(self, text: str) -> None:
         self.out.write(f"[{time.perf_counter() - self.started:6.1f}s] {text}\n")
         self.out.flush()
+
+    def on_query_start(self, config) -> None:  # the primer's calls take a while on a local model
+        self._line(f"HyDE expansion, then {config.primer_folds} primer call(s) over the top {config.drift_k_followups} reports")
 
     def on_primer_done(self, root, reports) -> None:
         self._line(f"primer: {len(reports)} reports, {len(root.follow_ups)} follow-up questions")

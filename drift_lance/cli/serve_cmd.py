@@ -18,8 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="run the HTTP search service (FastAPI on uvicorn)",
-        description="Serve POST /v1/search, POST /v1/search/stream (SSE), GET /v1/index, /healthz and "
-        "/readyz for an ingested index. Set DRIFT_LANCE_API_KEY to require a bearer token.",
+        description="Serve POST /v1/search, POST /v1/search/stream (SSE), GET /v1/index, POST /v1/admin/reload, "
+        "GET /openapi.json, /healthz and /readyz for an ingested index. Set DRIFT_LANCE_API_KEY to require a "
+        "bearer token (every route but the probes).",
     )
     parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
     parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.config.settings import Settings
     from drift_lance.object_store import merge_storage_options
+    from drift_lance.cli.query_cmd import BUNDLED_CHAT_NOTICE, uses_bundled_chat_model
     from drift_lance.service.request_id import install_log_request_ids
     from drift_lance.service.server import serve
 
@@ -65,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     port = sockets[0].getsockname()[1]  # the one the OS picked for --port 0
     auth = "on" if cfg.api_key else "off"
     print(f"drift-lance: serving {settings.db} on http://{host_and_port(cfg.host, port)} (API key {auth})", file=sys.stderr)
+    if uses_bundled_chat_model(settings.models):
+        print(f"drift-lance: {BUNDLED_CHAT_NOTICE}", file=sys.stderr)
     # A long-running server's log lines carry the time and the request they belong to (the id its
     # response's X-Request-ID header gives the client).
     install_log_request_ids()
