@@ -217,6 +217,10 @@ async def run_ingest(
     started = time.perf_counter()
     lock = IngestLock(db_uri)
     lock.take(create=False)  # before the slow preparation, so a second ingest stops at once
+    if lock.folder is None:
+        # Object storage: a missing bucket, refused credentials or a silent endpoint are reported
+        # before any vector is computed (remote embedding calls cost money), not after.
+        await IndexWriter(db_uri, config, storage_options, progress).open()
     try:
         done = await _prepare(
             src, config=config, embedder=embedder, reembed=reembed, embedding_model=embedding_model, progress=progress
@@ -252,7 +256,8 @@ async def run_ingest(
             **{f"index.{k}": v for k, v in t.index_s_by_table.items()},
         },
         computed_vectors=done.computed,
-        warnings=done.warnings,
+        warnings=done.warnings + ([f"{db_uri}: generation {manifest.generation} is committed; the cleanup of older "
+                                   "versions was interrupted (the next ingest finishes it)"] if t.cleanup_interrupted else []),
     )
 
 

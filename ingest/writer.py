@@ -58,6 +58,7 @@ class WriteTimings:
     cleanup_s: float = 0.0
     calibrate_s: float = 0.0
     index_s_by_table: dict[str, float] = field(default_factory=dict)
+    cleanup_interrupted: bool = False
 
 
 def to_arrow(table: PreparedTable) -> pa.Table:
@@ -191,7 +192,14 @@ class IndexWriter:
             raise
         if self.config.cleanup_old_versions:
             start = time.perf_counter()
-            await self._cleanup(manifest)
+            try:
+                await self._cleanup(manifest)
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                # Committed already: Ctrl-C here stops the cleanup, not the ingest. What is left of
+                # older versions is deleted by the next ingest's cleanup.
+                log.warning("%s: generation %d is committed; the cleanup of older versions was interrupted",
+                            self.uri, manifest.generation)
+                self.timings.cleanup_interrupted = True
             self.timings.cleanup_s = time.perf_counter() - start
         return manifest
 

@@ -550,6 +550,24 @@ async def test_a_failed_first_ingest_leaves_no_database_folder(dulce_dir, tmp_pa
     assert existing.is_dir()  # a folder the user made stays (with the lock file, which blocks nothing)
 
 
+async def test_ctrl_c_during_the_cleanup_after_the_commit_keeps_the_ingest(dulce_dir, tmp_path, monkeypatch):
+    """The new generation is live once its manifest row is written: an interrupted cleanup after
+    that is reported as such, not as a failed ingest."""
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(dulce_dir, uri, progress=False)
+
+    async def interrupted(self, manifest):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(IndexWriter, "_cleanup", interrupted)
+    report = await ingest.run_ingest(dulce_dir, uri, progress=False)
+    assert report.manifest.generation == 2
+    assert report.warnings[-1] == f"{uri}: generation 2 is committed; the cleanup of older versions was interrupted (the next ingest finishes it)"
+    store = await open_store(uri)
+    assert store.manifest.generation == 2
+    await store.close()
+
+
 async def test_failure_midway_rolls_back_to_previous_versions(dulce_dir, tmp_path, monkeypatch):
     uri = str(tmp_path / "db")
     await ingest.run_ingest(dulce_dir, uri, progress=False)

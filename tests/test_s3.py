@@ -439,6 +439,24 @@ async def test_a_missing_bucket_or_endpoint_is_said_in_a_few_words(local_s3):
         assert message.startswith(f"{uri}: cannot open LanceDB database: {meaning} (") and len(message) < 500, message
 
 
+async def test_an_ingest_into_a_missing_bucket_fails_before_embedding_anything(local_s3, carol_dir):
+    """Remote embedding calls cost money: the database is opened before any vector is computed."""
+    import ingest
+    from drift_lance.testing import HashEmbedder
+
+    class Counting(HashEmbedder):
+        calls = 0
+
+        async def embed(self, texts, *, kind="document"):
+            Counting.calls += 1
+            return await super().embed(texts, kind=kind)
+
+    with pytest.raises(StoreError, match="the bucket does not exist"):
+        await ingest.run_ingest(carol_dir, "s3://no-such-bucket/db", embedder=Counting(16),
+                                storage_options=local_s3.storage_options(), progress=False)
+    assert Counting.calls == 0
+
+
 async def test_reingest_on_s3_keeps_the_previous_generation_and_cleans_older(local_s3, s3_uri, dulce_dir):
     """After three ingests, generation 2 (what a lagging replica may still pin) is readable and
     generation 1's table versions are deleted from the bucket, its manifest with them."""

@@ -436,6 +436,31 @@ def test_a_new_generation_with_a_missing_file_is_not_switched_to(tmp_path, servi
         assert client.get("/v1/index").json()["generation"] == 2
 
 
+def test_a_replica_started_on_a_newest_generation_with_a_missing_file_serves_the_one_before(tmp_path, service_settings,
+                                                                                            live_server):
+    """Started while the newest generation is a partial copy: it serves the previous generation
+    (not "ready" with every search failing), and a reload switches once the file is there."""
+    import ingest
+    from drift_lance.service.engine import EngineBackend
+    from drift_lance.testing import HashEmbedder
+
+    srv, source, db = serve_own_sample_index(tmp_path, service_settings, live_server)
+    data = db / "entities.lance" / "data"
+    before = set(data.iterdir())
+    ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
+    (written, *_) = sorted(set(data.iterdir()) - before)
+    written.rename(tmp_path / "elsewhere")
+    settings = service_settings.with_updates({"db": str(db), "store.reload_interval_seconds": 0})
+    backend = EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))
+    replica = live_server(create_app(settings, backend=backend))
+    with replica.client() as client:
+        assert client.get("/readyz").status_code == 200
+        assert client.get("/v1/index").json()["generation"] == 1
+        assert client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"}).status_code == 200
+        (tmp_path / "elsewhere").rename(written)
+        assert client.post("/v1/admin/reload").json()["switched"] is True
+
+
 def test_a_search_on_a_generation_deleted_by_cleanup_switches_and_answers_503(tmp_path, service_settings, live_server):
     """A replica that did not reload while two ingests replaced its generation and the cleanup
     deleted it: the failing search switches the replica to the newest generation and answers 503

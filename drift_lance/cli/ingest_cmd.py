@@ -167,7 +167,8 @@ def print_summary(report: Any, out: TextIO) -> None:
     s = report.seconds
     print(
         f"{sum(report.rows.values())} rows in {s['total']:.1f}s ({report.rows_per_second:,.0f} rows/s; "
-        f"prepare {s['prepare']:.1f}s, write {s['write']:.1f}s, index {s['index']:.1f}s, calibrate {s['calibrate']:.1f}s); "
+        f"prepare {s['prepare']:.1f}s, write {s['write']:.1f}s, index {s['index']:.1f}s, calibrate {s['calibrate']:.1f}s, "
+        f"cleanup {s.get('cleanup', 0.0):.1f}s); "
         f"{report.computed_vectors} texts embedded",
         file=out,
     )

@@ -60,7 +60,23 @@ class ServingStores:
         return [store.manifest.generation for store in stores if store is not None]
 
     async def start(self) -> None:
-        self._current = await self._open(None, None)
+        """Open the newest generation that can be read whole: a replica started on a partial copy
+        of the newest one serves the one before (and the periodic reload switches once it is whole),
+        instead of reporting ready and failing every search."""
+        store = await self._open(None, None)
+        while True:
+            try:
+                await _open_every_table(store)
+                break
+            except Exception as exc:
+                older = [g for g in await store.generations() if g < store.manifest.generation]
+                await _close_quietly(store)
+                if not older:
+                    raise
+                log.warning("%s: generation %d cannot be read whole (%s); serving generation %d",
+                            store.uri, store.manifest.generation, exc, older[-1])
+                store = await self._open(older[-1], None)
+        self._current = store
 
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[Any]:
