@@ -813,6 +813,21 @@ def test_every_response_and_its_log_lines_carry_the_request_id(service_settings,
     assert [r.request_id for r in in_search_task] == ["req-42"]
 
 
+def test_an_index_read_the_store_failed_is_503_not_a_bug(service_settings, live_server, monkeypatch):
+    """The object store timing out mid-search (LanceDB's IO error) is a retryable 503, not a 500."""
+    from drift_lance.service.engine import EngineBackend
+
+    async def store_times_out(self, *args, **kwargs):
+        raise RuntimeError("lance error: LanceError(IO): Generic S3 error: operation timed out, /home/runner/.cargo/x.rs:1")
+
+    monkeypatch.setattr(EngineBackend, "search", store_times_out)
+    srv = start(live_server, service_settings)
+    with srv.client() as client:
+        r = client.post("/v1/search", json={"query": "q", "method": "local"})
+    assert r.status_code == 503 and _error(r)["code"] == "store_unavailable" and r.headers["Retry-After"] == "5"
+    assert "cargo" not in r.text
+
+
 def test_model_failure_is_reported_not_500(service_settings, live_server, caplog):
     from drift_lance.models.base import ModelError
     from drift_lance.models.deadline import LLMTimeoutError

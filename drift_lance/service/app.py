@@ -446,11 +446,22 @@ def _map_search_error(exc: BaseException) -> ApiError:
         return ApiError(502, "model_error", f"the model request failed ({_model_failure(exc)}); details are in the server log")
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return ApiError(504, "timeout", message)
+    if _is_store_io_failure(exc):  # the bucket or disk, not a bug: worth a retry, and said so
+        log.warning("search failed reading the index: %s", message)
+        return ApiError(503, "store_unavailable", "the index could not be read (object store or disk); details are in "
+                        "the server log", headers={"Retry-After": "5"})
     log.error("search failed", exc_info=exc)
     return ApiError(500, "internal", f"search failed: {type(exc).__name__}")
 
 
 _FAILURE_WORDS = {"timeout": "timed out", "connection": "connection failed", "malformed": "malformed response"}
+
+
+def _is_store_io_failure(exc: BaseException) -> bool:
+    """LanceDB reports a read that the object store or the disk failed (a timeout, a dropped
+    connection, a missing object) as a RuntimeError or OSError whose text names its IO error."""
+    text = str(exc)
+    return isinstance(exc, (RuntimeError, OSError)) and ("LanceError(IO)" in text or "object_store" in text)
 
 
 def _model_failure(exc: BaseException) -> str:
