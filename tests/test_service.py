@@ -412,10 +412,9 @@ def test_a_new_generation_the_query_embedder_does_not_fit_is_not_switched_to(tmp
         assert client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"}).status_code == 200
 
 
-def test_a_new_generation_with_a_missing_file_is_not_switched_to(tmp_path, service_settings, live_server):
-    """A new generation whose entity data file is missing (a partial copy or replication of the
-    database) is refused with the table named, the previous generation keeps serving, and once the
-    file is there the next reload switches."""
+def serve_then_ingest_a_partial_copy(tmp_path, service_settings, live_server):
+    """The sample served at generation 1, then generation 2 ingested with its new entity data file
+    moved to tmp_path / "elsewhere" (a partial copy). Returns (server, db, the moved file's path)."""
     import ingest
     from drift_lance.testing import HashEmbedder
 
@@ -425,6 +424,14 @@ def test_a_new_generation_with_a_missing_file_is_not_switched_to(tmp_path, servi
     ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
     (written, *_) = sorted(set(data.iterdir()) - before)
     written.rename(tmp_path / "elsewhere")
+    return srv, db, written
+
+
+def test_a_new_generation_with_a_missing_file_is_not_switched_to(tmp_path, service_settings, live_server):
+    """A new generation whose entity data file is missing (a partial copy or replication of the
+    database) is refused with the table named, the previous generation keeps serving, and once the
+    file is there the next reload switches."""
+    srv, db, written = serve_then_ingest_a_partial_copy(tmp_path, service_settings, live_server)
     with srv.client() as client:
         reload = client.post("/v1/admin/reload")
         assert reload.status_code == 503 and _error(reload)["code"] == "reload_failed"
@@ -440,16 +447,10 @@ def test_a_replica_started_on_a_newest_generation_with_a_missing_file_serves_the
                                                                                             live_server):
     """Started while the newest generation is a partial copy: it serves the previous generation
     (not "ready" with every search failing), and a reload switches once the file is there."""
-    import ingest
     from drift_lance.service.engine import EngineBackend
     from drift_lance.testing import HashEmbedder
 
-    srv, source, db = serve_own_sample_index(tmp_path, service_settings, live_server)
-    data = db / "entities.lance" / "data"
-    before = set(data.iterdir())
-    ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
-    (written, *_) = sorted(set(data.iterdir()) - before)
-    written.rename(tmp_path / "elsewhere")
+    _, db, written = serve_then_ingest_a_partial_copy(tmp_path, service_settings, live_server)
     settings = service_settings.with_updates({"db": str(db), "store.reload_interval_seconds": 0})
     backend = EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))
     replica = live_server(create_app(settings, backend=backend))
