@@ -317,8 +317,17 @@ class IndexWriter:
     async def _cleanup(self, manifest: Manifest) -> None:
         """Delete table versions older than the ones the kept generations pin: the previous one, and
         every one replaced less than `keep_replaced_seconds` ago, so searches and replicas still on
-        them keep working."""
+        them keep working. The manifests of the generations that go are deleted first: an
+        interrupted cleanup then leaves unlisted data behind (the next cleanup deletes it), never a
+        listed generation with part of its data gone."""
         kept = kept_generations([*self._manifests, manifest], datetime.now(UTC), self.config.keep_replaced_seconds)
+        if kept[0].generation < manifest.generation:
+            try:
+                manifests = await self._db.open_table(schema.MANIFEST_TABLE)
+                await manifests.delete(f"generation < {kept[0].generation}")
+            except Exception as exc:  # noqa: BLE001 - cleanup failing must not fail a finished ingest
+                log.warning("%s: could not drop the manifests of replaced generations (their data stays): %s", self.uri, exc)
+                return
         for name, info in manifest.tables.items():
             keep_from = min((m.tables[name].version for m in kept if name in m.tables), default=info.version)
             try:
@@ -333,15 +342,8 @@ class IndexWriter:
                     versions=old,
                     error_if_tagged_old_versions=False,
                 )
-            except Exception as exc:  # noqa: BLE001 - cleanup failing must not fail a finished ingest
-                log.warning("%s: could not clean up old versions of table %r: %s", self.uri, name, exc)
-        if kept[0].generation < manifest.generation:  # generations before the kept ones have no data left
-            try:
-                manifests = await self._db.open_table(schema.MANIFEST_TABLE)
-                await manifests.delete(f"generation < {kept[0].generation}")
             except Exception as exc:  # noqa: BLE001 - as above
-                log.warning("%s: could not drop the manifests of cleaned-up generations: %s", self.uri, exc)
-                return
+                log.warning("%s: could not clean up old versions of table %r: %s", self.uri, name, exc)
         await self._drop_unpinned_tables(kept)
 
     async def _drop_unpinned_tables(self, kept: list[Manifest]) -> None:

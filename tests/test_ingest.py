@@ -568,6 +568,37 @@ async def test_ctrl_c_during_the_cleanup_after_the_commit_keeps_the_ingest(dulce
     await store.close()
 
 
+async def test_a_cleanup_stopped_midway_leaves_every_listed_generation_whole(dulce_dir, tmp_path, monkeypatch):
+    """The cleanup drops the replaced generations' manifests before their data: stopped after
+    deleting some of the data, no generation that is still listed has lost any."""
+    import lance
+
+    uri, config = str(tmp_path / "db"), IngestConfig(keep_replaced_seconds=0)
+    for _ in range(2):
+        await ingest.run_ingest(dulce_dir, uri, config=config, progress=False)
+    real_cleanup = lance.LanceDataset.cleanup_old_versions
+    cleaned: list[int] = []
+
+    def stop_after_one_table(self, *args, **kwargs):
+        if cleaned:
+            raise KeyboardInterrupt
+        cleaned.append(1)
+        return real_cleanup(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "cleanup_old_versions", stop_after_one_table)
+    report = await ingest.run_ingest(dulce_dir, uri, config=config, progress=False)
+    assert "the cleanup of older versions was interrupted" in report.warnings[-1]
+    store = await open_store(uri)
+    listed = await store.generations()
+    await store.close()
+    assert listed == [2, 3]
+    for generation in listed:
+        pinned = await open_store(uri, generation=generation)
+        for table in pinned.manifest.tables:
+            await pinned.check_readable(table)
+        await pinned.close()
+
+
 async def test_failure_midway_rolls_back_to_previous_versions(dulce_dir, tmp_path, monkeypatch):
     uri = str(tmp_path / "db")
     await ingest.run_ingest(dulce_dir, uri, progress=False)
