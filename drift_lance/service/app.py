@@ -28,11 +28,11 @@ from drift_lance.drift.result import SearchResult
 from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
 from drift_lance.models.base import ModelError, ModelRequestError, StructuredOutputError
 from drift_lance.models.deadline import LLMTimeoutError
-from drift_lance.service.request_id import RequestIds, install_log_request_ids
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, cancelled_by_shutdown, error_responses, install_error_handlers
 from drift_lance.service.events import add_stream_events
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
+from drift_lance.service.request_id import RequestIds, install_log_request_ids
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
 from drift_lance.store import Manifest
 
@@ -108,6 +108,8 @@ class _ServiceState:
         self.backend = backend
         cfg = settings.service
         self.slots = SearchSlots(cfg.max_concurrent_searches, cfg.retry_after_seconds)
+        # A request may ask for a shorter DRIFT time budget than the search timeout, not a longer one.
+        self.request_caps = cfg.caps.model_copy(update={"fields": {"time_budget": cfg.search_timeout_seconds, **cfg.caps.fields}})
         self.startup: asyncio.Task | None = None
         self.startup_error: str = ""
 
@@ -401,9 +403,7 @@ def _validated(state: _ServiceState, body: SearchRequest) -> tuple[Method, Any]:
             field="query",
         )
     state.require_ready()
-    # A request may ask for a shorter DRIFT time budget than the search timeout, not a longer one.
-    caps = cfg.caps.model_copy(update={"fields": {"time_budget": cfg.search_timeout_seconds, **cfg.caps.fields}})
-    config = resolve_search_config(state.backend.base_config(body.method), body.config, caps)
+    config = resolve_search_config(state.backend.base_config(body.method), body.config, state.request_caps)
     if body.method == "drift":
         budget = min(config.time_budget or cfg.search_timeout_seconds, cfg.search_timeout_seconds)
         config = config.model_copy(update={"time_budget": budget})
