@@ -256,8 +256,7 @@ async def run_ingest(
             **{f"index.{k}": v for k, v in t.index_s_by_table.items()},
         },
         computed_vectors=done.computed,
-        warnings=done.warnings + ([f"{db_uri}: generation {manifest.generation} is committed; the cleanup of older "
-                                   "versions was interrupted (the next ingest finishes it)"] if t.cleanup_interrupted else []),
+        warnings=done.warnings + writer.warnings,
     )
 
 

@@ -58,7 +58,6 @@ class WriteTimings:
     cleanup_s: float = 0.0
     calibrate_s: float = 0.0
     index_s_by_table: dict[str, float] = field(default_factory=dict)
-    cleanup_interrupted: bool = False
 
 
 def to_arrow(table: PreparedTable) -> pa.Table:
@@ -111,6 +110,7 @@ class IndexWriter:
         self.storage_options = storage_options
         self.progress = progress
         self.timings = WriteTimings()
+        self.warnings: list[str] = []  # what the report carries besides the input's warnings
         self._db: Any = None
         self._manifests: list[Manifest] = []  # every complete generation's, oldest first, when opened
         self._touched: list[str] = []
@@ -197,9 +197,9 @@ class IndexWriter:
             except (asyncio.CancelledError, KeyboardInterrupt):
                 # Committed already: Ctrl-C here stops the cleanup, not the ingest. What is left of
                 # older versions is deleted by the next ingest's cleanup.
-                log.warning("%s: generation %d is committed; the cleanup of older versions was interrupted",
-                            self.uri, manifest.generation)
-                self.timings.cleanup_interrupted = True
+                self.warnings.append(f"{self.uri}: generation {manifest.generation} is committed; the cleanup of "
+                                     "older versions was interrupted (the next ingest finishes it)")
+                log.warning("%s", self.warnings[-1])
             self.timings.cleanup_s = time.perf_counter() - start
         return manifest
 
