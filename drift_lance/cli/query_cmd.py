@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from drift_lance.drift.callbacks import DriftCallbacks
-from drift_lance.errors import checked_question
 from drift_lance.drift.result import STAGES, SearchResult
+from drift_lance.errors import checked_question
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -45,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from drift_lance.cli import UsageError
     from drift_lance.cli.ingest_cmd import parse_storage_options
+    from drift_lance.cli.query_cmd import BUNDLED_CHAT_NOTICE, uses_bundled_chat_model
     from drift_lance.config.settings import Settings
     from drift_lance.object_store import merge_storage_options
-    from drift_lance.cli.query_cmd import BUNDLED_CHAT_NOTICE, uses_bundled_chat_model
     from drift_lance.service.request_id import install_log_request_ids
     from drift_lance.service.server import serve
 
