@@ -97,7 +97,7 @@ def make_search(store, chat, *, builder=None, **config) -> DRIFTSearch:
         embedder=HashEmbedder(dim),
         context_builder=builder or StubContextBuilder(),
         tokenizer=get_tokenizer("o200k_base"),
-        config=DRIFTSearchConfig(seed=1, **config),
+        config=DRIFTSearchConfig(**{"seed": 1, **config}),
     )
 
 
@@ -532,6 +532,46 @@ async def test_the_primer_reads_reports_at_or_under_the_community_level(store, l
     hyde = chat.calls[0].messages[-1].content
     allowed = reports.filter(pl.col("level") <= level)["full_content"].to_list()
     assert any(text in hyde for text in allowed)
+
+
+@pytest.fixture(scope="module")
+def few_top_level_reports_db(tmp_path_factory) -> str:
+    """An ingested synthetic graphrag index where level 0 holds 10 of its 200 reports."""
+    import ingest
+    from ingest.synthetic import generate_index
+
+    root = tmp_path_factory.mktemp("synth-levels")
+    src = generate_index(root / "idx", n_entities=3200, dim=48, seed=7)
+    uri = str(root / "db")
+    asyncio.run(ingest.run_ingest(src, uri, progress=False))
+    return uri
+
+
+async def test_the_hyde_template_is_a_random_report_of_the_level_even_when_few_are_there(few_top_level_reports_db):
+    """graphrag shapes the HyDE expansion like `secrets.choice(reports)` at the level. With 10 of
+    200 reports at level 0, most random ids miss the level: the fallback must draw among those
+    there, not take the first one (which then shaped about two thirds of all expansions)."""
+    from drift_lance._lance_store import open_store
+
+    store = await open_store(few_top_level_reports_db)
+    try:
+        reports = await store.scan("community_reports", columns=["level", "full_content"])
+        level_zero = reports.filter(pl.col("level") == 0)["full_content"].to_list()
+        assert len(level_zero) == 10 and reports.height == 200
+        picked = []
+        for seed in range(60):
+            builder = StubContextBuilder()
+            builder.config = LocalSearchConfig(community_level=0)
+            chat = ScriptedChatModel(drift_responder())
+            search = make_search(store, chat, builder=builder, drift_k_followups=3, primer_folds=1, n_depth=0, seed=seed)
+            await search.search("q")
+            hyde = chat.calls[0].messages[-1].content
+            picked.append(next(i for i, text in enumerate(level_zero) if text in hyde))
+    finally:
+        await store.close()
+    counts = [picked.count(i) for i in range(10)]
+    assert max(counts) <= 15, counts  # uniform: about 6 each; the first report alone took ~40
+    assert sum(1 for c in counts if c) >= 8, counts
 
 
 async def test_primer_survives_one_bad_fold_and_embedder_dimension_is_checked(store):

@@ -155,8 +155,8 @@ class DRIFTPrimer:
         rows = await self.store.fetch(table, "human_readable_id", candidates, columns=["human_readable_id", "full_content", "level"])
         if self.community_level is not None:
             rows = rows.filter(pl.col("level") <= self.community_level)
-        if rows.height == 0:  # ids not dense 0..n-1, or none at the level: take any report there
-            rows = await self.store.scan(table, columns=["human_readable_id", "full_content"], where=self._level_filter(), limit=1)
+        if rows.height == 0:  # ids not dense 0..n-1, or few reports at the level: draw among those there
+            rows = await self._random_report_at_level()
             if rows.height == 0:
                 return ""
         by_id = dict(zip(rows["human_readable_id"].to_list(), rows["full_content"].to_list(), strict=True))
@@ -164,6 +164,18 @@ class DRIFTPrimer:
             if candidate in by_id:
                 return by_id[candidate] or ""
         return rows["full_content"][0] or ""
+
+    async def _random_report_at_level(self) -> pl.DataFrame:
+        """One report drawn uniformly from those at or under the level, as graphrag's
+        `secrets.choice(reports)` does (the first one there would shape nearly every expansion at a
+        low level, where most random ids miss). Only their ids are scanned."""
+        table = schema.COMMUNITY_REPORTS
+        found = await self.store.scan(table, columns=["human_readable_id"], where=self._level_filter())
+        ids = found["human_readable_id"].drop_nulls().sort()  # sorted: the same seed draws the same report
+        if ids.len() == 0:
+            return found.clear()
+        chosen = ids[self.rng.randrange(ids.len())]
+        return await self.store.fetch(table, "human_readable_id", [chosen], columns=["human_readable_id", "full_content"])
 
     # --- retrieval ---
     async def top_reports(self, vector: np.ndarray) -> pl.DataFrame:
