@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from drift_lance.config import DRIFTSearchConfig, ServiceConfig, Settings
@@ -162,6 +164,39 @@ def test_a_graphrag_settings_file_gives_the_search_commands_its_search_blocks(tm
         Settings.load(path)  # ingest, inspect: drift-lance settings only
 
 
+def test_a_graphrag_init_settings_file_works_though_it_names_a_prompt_file_graphrag_never_wrote(tmp_path, caplog):
+    """graphrag 3.3.0's `graphrag init` writes prompts/drift_reduce_prompt.txt but its settings.yaml
+    says prompts/drift_search_reduce_prompt.txt; graphrag then uses its built-in prompt. The same
+    file must work here (bundled prompt, with a warning), while a drift-lance file stays strict."""
+    from drift_lance.drift.prompts import load_prompts
+
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "drift_search_system_prompt.txt").write_text("{context_data} {global_query} {followups}")
+    (tmp_path / "prompts" / "drift_reduce_prompt.txt").write_text("{context_data}")
+    (tmp_path / "prompts" / "local_search_system_prompt.txt").write_text("{context_data}")
+    path = tmp_path / "settings.yaml"
+    path.write_text(
+        "completion_models:\n  default_completion_model:\n    model: gpt-4.1\n"
+        "local_search:\n  prompt: \"prompts/local_search_system_prompt.txt\"\n"
+        "drift_search:\n"
+        "  completion_model_id: default_completion_model\n"
+        "  prompt: \"prompts/drift_search_system_prompt.txt\"\n"
+        "  reduce_prompt: \"prompts/drift_search_reduce_prompt.txt\"\n"
+    )
+    with caplog.at_level(logging.WARNING):
+        settings = Settings.load(path, graphrag=True)
+    assert settings.drift.prompt == str(tmp_path / "prompts" / "drift_search_system_prompt.txt")
+    assert settings.drift.reduce_prompt is None  # the bundled reduce prompt
+    assert "drift_search.reduce_prompt file" in caplog.text and "drift_search_reduce_prompt.txt does not exist" in caplog.text
+    assert settings.local.prompt == str(tmp_path / "prompts" / "local_search_system_prompt.txt")
+    assert load_prompts(settings.drift).local == "{context_data} {global_query} {followups}"
+
+    ours = tmp_path / "ours.toml"
+    ours.write_text('[drift]\nreduce_prompt = "prompts/drift_search_reduce_prompt.txt"\n')
+    with pytest.raises(ConfigError, match="drift_search_reduce_prompt.txt: cannot read"):
+        load_prompts(Settings.load(ours, graphrag=True).drift)
+
+
 @pytest.mark.parametrize(
     ("name", "text"),
     [
@@ -172,8 +207,10 @@ def test_a_graphrag_settings_file_gives_the_search_commands_its_search_blocks(tm
 )
 def test_prompt_paths_in_a_settings_file_are_relative_to_the_file(tmp_path, monkeypatch, name, text):
     folder = tmp_path / "project"
-    folder.mkdir()
+    (folder / "prompts").mkdir(parents=True)
     (folder / name).write_text(text)
+    for prompt in ("local.txt", "drift.txt"):
+        (folder / "prompts" / prompt).write_text("{context_data}")
     monkeypatch.chdir(tmp_path)  # not the file's folder
     settings = Settings.load(folder / name, graphrag=True)
     assert settings.local.prompt == str(folder / "prompts" / "local.txt")

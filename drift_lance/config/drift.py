@@ -189,12 +189,13 @@ def _validate(values: dict[str, Any], origin: Mapping[str, str]) -> DRIFTSearchC
 def _read_config_file(path: Path) -> dict[str, Any]:
     data = read_config_mapping(path)
     section = _drift_section(data, path)
-    if "drift_search" not in data:
+    graphrag_block = "drift_search" in data
+    if not graphrag_block:
         # drift-lance's own file (`drift:` or bare): a misspelt key is an error, as in every other
         # section. graphrag's `drift_search:` has keys we do not use: those only warn.
         for key in section:
             _known_field(str(key), where=f"config file {path}")
-    return _known_values(section, path)
+    return _known_values(section, path, missing_prompts_default=graphrag_block)
 
 
 def read_config_mapping(path: Path) -> dict[str, Any]:
@@ -231,9 +232,9 @@ def _drift_section(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return {}
 
 
-def _known_values(section: Mapping[str, Any], path: Path) -> dict[str, Any]:
+def _known_values(section: Mapping[str, Any], path: Path, *, missing_prompts_default: bool) -> dict[str, Any]:
     return section_values(section, path, block="drift_search", fields=FIELDS, prompt_fields=_PROMPT_FIELDS,
-                          canonical=_canonical)
+                          canonical=_canonical, missing_prompts_default=missing_prompts_default)
 
 
 def section_values(
@@ -244,10 +245,12 @@ def section_values(
     fields: Iterable[str],
     prompt_fields: Iterable[str] = (),
     canonical: Callable[[str], str] = str,
+    missing_prompts_default: bool = False,
 ) -> dict[str, Any]:
     """The entries of a settings file's `block:` section that name one of `fields` (after
     `canonical`; others are ignored with a warning, as graphrag's settings.yaml has keys we do not
-    use), prompt file paths resolved against the file's folder."""
+    use), prompt file paths resolved against the file's folder. With `missing_prompts_default` (a
+    graphrag block) a prompt file that does not exist gives the bundled prompt, with a warning."""
     known = set(fields)
     values: dict[str, Any] = {}
     for key, value in section.items():
@@ -256,7 +259,21 @@ def section_values(
             log.warning("config file %s: ignoring unknown %s key %r", path, block, key)
             continue
         values[field] = value
-    return file_relative_prompts(values, path, prompt_fields)
+    values = file_relative_prompts(values, path, prompt_fields)
+    return _without_missing_prompts(values, path, block, prompt_fields) if missing_prompts_default else values
+
+
+def _without_missing_prompts(values: dict[str, Any], path: Path, block: str, prompt_fields: Iterable[str]) -> dict[str, Any]:
+    """graphrag uses its built-in prompt when a configured prompt file does not exist, and its own
+    `graphrag init` (3.x) names a DRIFT reduce prompt file it never writes: such a settings.yaml
+    must work here too, with the bundled prompt."""
+    for field in prompt_fields:
+        value = values.get(field)
+        if isinstance(value, str) and value and not Path(value).exists():
+            log.warning("config file %s: %s.%s file %s does not exist; using the bundled prompt, as graphrag "
+                        "uses its built-in one", path, block, field, value)
+            del values[field]
+    return values
 
 
 def file_relative_prompts(section: Mapping[str, Any], path: Path, prompt_fields: Iterable[str]) -> dict[str, Any]:

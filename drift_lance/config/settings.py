@@ -227,7 +227,7 @@ def _graphrag_search_sections(data: dict[str, Any], path: Path) -> dict[str, Any
         if not isinstance(local, dict):
             raise ConfigError(f"config file {path}: section 'local_search' must be a mapping")
         sections["local"] = section_values(local, path, block="local_search", fields=LOCAL_FILE_KEYS,
-                                           prompt_fields=LOCAL_PROMPT_FIELDS)
+                                           prompt_fields=LOCAL_PROMPT_FIELDS, missing_prompts_default=True)
     return sections
 
 
