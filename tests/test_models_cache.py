@@ -101,3 +101,19 @@ async def test_drift_query_answered_from_the_cache_counts_no_calls(dulce_db_uri,
     assert repeated.response == first.response
     assert repeated.llm_calls == 0 and set(repeated.llm_calls_categories.values()) == {0}
     assert repeated.prompt_tokens == 0 and chat.inner.calls == []
+
+
+async def test_the_cache_keeps_the_inner_models_context_window_for_budgets(dulce_db_uri, tmp_path):
+    """Budgets fit a small fixed window (the embedded llama.cpp model's) through the cache too: the
+    wrapper used to hide `n_ctx`, so 12,000-token contexts went to an 8192-token model."""
+    from drift_lance.drift import open_drift_search
+    from drift_lance.testing import HashEmbedder
+
+    inner = ScriptedChatModel([])
+    inner.n_ctx = 4096
+    search = await open_drift_search(dulce_db_uri, chat_model=CachedChatModel(inner, tmp_path), embedder=HashEmbedder(3072))
+    try:
+        config = search.config
+        assert (config.local_search_max_data_tokens, config.primer_llm_max_tokens, config.data_max_tokens) == (2048, 2048, 2048)
+    finally:
+        await search.close()

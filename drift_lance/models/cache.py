@@ -85,6 +85,9 @@ class CachedChatModel:
     def __init__(self, inner: ChatModel, cache_dir: Path):
         self.inner = inner
         self.model_id = inner.model_id
+        # The inner model's fixed context window (the embedded llama.cpp model's 8192), if it has
+        # one: DRIFT and local search fit their budgets to it (`fit_to_window`) through this wrapper.
+        self.n_ctx = getattr(inner, "n_ctx", None)
         self.store = ResponseStore(cache_dir)
         self.hits = 0
         self.misses = 0
