@@ -465,6 +465,38 @@ async def test_token_budgets_limit_primer_reports_and_reduce_notes(store):
     assert "answer to P0-0" in notes and "answer to P0-1" not in notes
 
 
+def _filled_in(prompt: str, template: str, field: str, **others) -> str:
+    """What `template` got for `field` in `prompt` (the template formatted with the other fields)."""
+    before, after = template.format(**{field: "\0"}, **others).split("\0")
+    assert prompt.startswith(before) and prompt.endswith(after)
+    return prompt[len(before) : len(prompt) - len(after)]
+
+
+@pytest.mark.parametrize("budget", [60, 150, 400, 900])
+async def test_reduce_notes_and_primer_reports_stay_within_their_budgets_separators_included(store, budget):
+    """The notes (and a fold's reports) are joined with blank lines; those tokens used to be left
+    out of the budget, so answers ending in a word went over it by a token per note."""
+    from drift_lance.drift.prompts import load_prompts
+
+    def respond(messages, params, response_model):
+        reply = drift_responder(children=4)(messages, params, response_model)
+        if isinstance(reply, dict) and "response" in reply:
+            reply["response"] = f"the answer names {messages[-1].content} and ends in a word"
+        return reply
+
+    chat = ScriptedChatModel(respond)
+    search = make_search(store, chat, drift_k_followups=8, primer_folds=1, n_depth=2,
+                         data_max_tokens=budget, primer_llm_max_tokens=budget * 4)
+    await search.search("Who leads the Dulce base?")
+    count = get_tokenizer("o200k_base").count
+    prompts = load_prompts(search.config)
+    notes = _filled_in(chat.calls[-1].messages[0].content, prompts.reduce, "context_data", response_type="multiple paragraphs")
+    assert notes.count("## ") > 1 and count(notes) <= budget
+    primer = next(c for c in chat.calls if c.response_model is PrimerFoldAnswer)
+    reports = _filled_in(primer.prompt, prompts.primer, "community_reports", query="Who leads the Dulce base?", followups=5)
+    assert count(reports) <= budget * 4
+
+
 async def test_parent_score_ranking_follows_the_best_branch(store):
     scores = {"P0-0": 95, "P0-1": 5}
     chat = ScriptedChatModel(drift_responder(scores=scores))

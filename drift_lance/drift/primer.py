@@ -33,6 +33,7 @@ REPORT_COLUMNS = ("id", "human_readable_id", "community", "level", "title", "ful
 # Report fields kept in the result's context data (the full text is in context_text).
 _CONTEXT_COLUMNS = ("id", "human_readable_id", "community", "level", "title", "rank", "_similarity")
 _TEMPLATE_CANDIDATES = 8  # random ids tried per template pick (ids may have gaps)
+_REPORT_SEPARATOR = "\n\n"  # between the report texts of a fold
 
 
 @dataclass(slots=True)
@@ -116,7 +117,7 @@ class DRIFTPrimer:
             answers,
             metadata={
                 "context_data": {"reports": reports.select([c for c in _CONTEXT_COLUMNS if c in reports.columns])},
-                "context_text": "\n\n".join(
+                "context_text": _REPORT_SEPARATOR.join(
                     text for fold in split_folds(reports, self.config.primer_folds) for text in self._fold_texts(fold)
                 ),
                 "hyde_query": hyde_text,
@@ -211,7 +212,7 @@ class DRIFTPrimer:
     async def _decompose_fold(self, query: str, fold: pl.DataFrame) -> tuple[PrimerFoldAnswer | None, Usage, Exception | None]:
         prompt = self.prompts.primer.format(
             query=query,
-            community_reports="\n\n".join(self._fold_texts(fold)),
+            community_reports=_REPORT_SEPARATOR.join(self._fold_texts(fold)),
             followups=min(5, self.config.drift_k_followups),
         )
         try:
@@ -228,9 +229,10 @@ class DRIFTPrimer:
         texts: list[str] = []
         for text in fold["full_content"].to_list():
             text = text or ""
-            cost = self.tokenizer.count(text)
+            # With the separator a next report would follow it by (the texts are joined with it).
+            cost = self.tokenizer.count(text + _REPORT_SEPARATOR)
             if cost > budget:
-                if budget > 0:
+                if budget > 0:  # the last text: no separator after it
                     texts.append(self.tokenizer.truncate(text, budget))
                 break
             texts.append(text)

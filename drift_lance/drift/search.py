@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 # Share of `time_budget` the follow-ups may use; the reduce call has the rest.
 FOLLOW_UP_SHARE = 0.75
+_NOTE_SEPARATOR = "\n\n"  # between the reduce's intermediate answers
 
 
 class LocalContextLike(Protocol):
@@ -353,7 +354,9 @@ class DRIFTSearch:
         kept: list[tuple[int, str]] = []
         for index, node in sorted(answered, key=lambda item: item[1].sort_score, reverse=True):
             note = f"## {node.query}\n\n{node.answer.strip()}"
-            cost = self.tokenizer.count(note)
+            # With the separator that follows it: "\n\n" is a token of its own after a word, and
+            # the "##" after it starts a new one, so the joined notes cost no more than these sums.
+            cost = self.tokenizer.count(note + _NOTE_SEPARATOR)
             if cost > budget:
                 continue
             kept.append((index, note))
@@ -361,7 +364,7 @@ class DRIFTSearch:
         if not kept and answered:  # even the best note is over budget: send it cut to size
             index, node = max(answered, key=lambda item: item[1].sort_score)
             kept.append((index, self.tokenizer.truncate(f"## {node.query}\n\n{node.answer}", self.config.data_max_tokens)))
-        return "\n\n".join(note for _, note in sorted(kept))
+        return _NOTE_SEPARATOR.join(note for _, note in sorted(kept))
 
     def _result(self, run: _Run, *, response: Any) -> SearchResult:
         context_data, context_text = run.state.contexts()
