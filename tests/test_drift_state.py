@@ -130,6 +130,19 @@ def test_serialize_ids_are_stable_and_context_is_optional():
     assert state.serialize(include_context=False) == bare  # serializing twice gives the same ids
 
 
+def test_depths_hold_when_a_follow_up_repeats_the_question():
+    """A follow-up asking the user's question again merges into the root; every depth used to be
+    null then (no node was left without parents), and the exported graph drew one column."""
+    state, root = _small_state()
+    q1 = state._node(DriftAction("Q1"))
+    q1.apply_answer(ActionAnswer(response="x", score=1, follow_up_queries=["who leads  DULCE?", "Q4"]))
+    state.add_all_follow_ups(q1, q1.follow_ups)
+    graph = state.serialize(include_context=False)
+    assert [(n["query"], n["depth"]) for n in graph["nodes"]] == [
+        ("Who leads Dulce?", 0), ("Q1", 1), ("Q2", 1), ("Q3", 1), ("Q4", 2)
+    ]
+
+
 def test_export_json_graphml_and_html(tmp_path):
     state, root = _small_state()
     state._node(DriftAction("Q2")).mark_failed("TimeoutError: slow")

@@ -151,8 +151,10 @@ class QueryState:
         return self._index.get(action)
 
     def _depths(self, ids: dict[DriftAction, int]) -> dict[int, int]:
-        """Hops from the nearest root (a node without parents)."""
-        roots = [node for node in self.graph.nodes if self.graph.in_degree(node) == 0]
+        """Hops from the nearest root: the first node (the primer's) and any node without parents.
+        The first node counts even with parents: a follow-up repeating the user's question merges
+        into it, and then no node would be without parents."""
+        roots = [node for index, node in enumerate(self.graph.nodes) if index == 0 or self.graph.in_degree(node) == 0]
         depths: dict[int, int] = {}
         frontier = roots
         level = 0
