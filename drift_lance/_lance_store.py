@@ -260,7 +260,9 @@ class LanceStore:
         order = np.lexsort((rows.column("_rowid").to_numpy(), distance, query_of))
         similarity = 1.0 - distance[order].astype(np.float64)
         rows = rows.drop_columns([c for c in (_QUERY_INDEX, "_distance", "_rowid") if c in rows.column_names])
-        frame = pl.from_arrow(rows.take(order).append_column(SIMILARITY, pa.array(similarity)))
+        scores = pa.array(similarity)
+        # No column asked for (columns=[]): the scores alone (a table of no columns takes no rows).
+        frame = pl.from_arrow(rows.take(order).append_column(SIMILARITY, scores) if rows.num_columns else pa.table({SIMILARITY: scores}))
         assert isinstance(frame, pl.DataFrame)
         bounds = np.searchsorted(query_of[order], np.arange(len(queries) + 1))
         return [frame.slice(int(start), int(end - start)) for start, end in zip(bounds[:-1], bounds[1:])]
@@ -277,8 +279,8 @@ class LanceStore:
             return [empty for _ in queries]
         # One row read for the whole batch, then a zero-copy slice per query.
         rows = await self._rows_by_id(table, exact.row_ids, tops.ravel(), columns)
-        similarity = scores.ravel().astype(np.float64)
-        frame = rows.hstack([pl.Series(SIMILARITY, similarity)])
+        similarity = pl.Series(SIMILARITY, scores.ravel().astype(np.float64))
+        frame = rows.hstack([similarity]) if rows.width else similarity.to_frame()  # columns=[]: the scores alone
         if len(tops) == 1:
             return [frame]
         width = tops.shape[1]

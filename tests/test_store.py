@@ -92,6 +92,27 @@ async def test_search_returns_all_columns_best_first(dulce_store):
     assert {"full_content", "rank", "vector"} <= set(found.columns)
 
 
+@pytest.mark.parametrize("table_cache_bytes", [256 * 2**20, 0], ids=["table cache", "lancedb rows"])
+async def test_search_for_no_columns_gives_the_scores_alone(dulce_db_uri, ann_db, table_cache_bytes):
+    """columns=[] asks for the similarities only; it used to fail building the frame (exact search
+    and ANN alike)."""
+    query = np.random.default_rng(3).standard_normal(3072).astype(np.float32)
+    store = await open_store(dulce_db_uri, config=StoreConfig(table_cache_bytes=table_cache_bytes))
+    try:
+        expected = (await store.search("entities", query, 5, columns=["id"]))["_similarity"].to_list()
+        found = await store.search("entities", query, 5, columns=[])
+        assert found.columns == ["_similarity"] and found["_similarity"].to_list() == expected
+    finally:
+        await store.close()
+    ann = await open_store(ann_db[0])
+    try:
+        query = np.ones(64, np.float32)
+        expected = (await ann.search("entities", query, 5, columns=["id"]))["_similarity"].to_list()
+        assert (await ann.search("entities", query, 5, columns=[]))["_similarity"].to_list() == expected
+    finally:
+        await ann.close()
+
+
 async def test_search_many_matches_one_search_per_query(dulce_store, exact_path):
     """DRIFT maps a whole epoch of follow-ups with one batched search: each result must be what
     a single search for that vector returns (same rows, order and similarities)."""
