@@ -28,6 +28,7 @@ _EXPORTS = {
     "LocalSearchConfig": "drift_lance.config",
     "ModelSettings": "drift_lance.config",
     "IngestConfig": "drift_lance.config",
+    "StoreConfig": "drift_lance.config",
     "Settings": "drift_lance.config",
     # storage and models
     "open_store": "drift_lance._lance_store",

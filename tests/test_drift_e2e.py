@@ -20,7 +20,7 @@ from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.drift import open_drift_search
 from drift_lance.errors import StoreError
 from drift_lance.models import get_chat_model
-from drift_lance.testing import Reply
+from drift_lance.testing import Reply, ScriptedChatModel
 
 QUERY = "How is the Dulce base operation commanded?"
 HYDE_TEXT = "# Dulce Base Operational Command\n\nA hypothetical report about who commands the operation."
@@ -98,6 +98,23 @@ def answer_like_a_model(request) -> Reply:
     if "---Research notes---" in system:
         return Reply(text=FINAL)
     return Reply.bad_request(f"unexpected prompt: {user[:80]}")
+
+
+async def test_open_drift_search_reads_the_index_as_its_store_config_says(dulce_db_uri, embedder):
+    # The Python API's way to the settings the CLI and service take from Settings.store
+    # (probes, caches, storage options): without it the index was always read with the defaults.
+    from drift_lance import StoreConfig
+
+    store_config = StoreConfig(fetch_chunk_size=3, table_cache_bytes=0)
+    chat = ScriptedChatModel(lambda messages, params, response_model: "unused")
+    search = await open_drift_search(dulce_db_uri, chat_model=chat, embedder=embedder, store_config=store_config)
+    try:
+        assert search.store.config == store_config
+        titles = ["ALEX MERCER", "TAYLOR CRUZ", "JORDAN HAYES", "SAM RIVERA"]
+        rows = await search.store.fetch("entities", "title", titles, columns=["title"])  # in IN lists of 3
+        assert sorted(rows["title"].to_list()) == sorted(titles)
+    finally:
+        await search.close()
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["blocking", "streamed"])

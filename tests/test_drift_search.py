@@ -10,6 +10,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -627,6 +628,22 @@ async def test_primer_survives_one_bad_fold_and_embedder_dimension_is_checked(st
             store=store, chat_model=chat, embedder=HashEmbedder(64), context_builder=StubContextBuilder(),
             tokenizer=get_tokenizer("o200k_base"),
         )
+
+
+class ZeroEmbedder(HashEmbedder):
+    def embed_sync(self, texts):
+        return np.zeros((len(texts), self._size), dtype=np.float32)
+
+
+async def test_an_all_zero_query_vector_stops_the_primer_with_a_clear_error(store):
+    # An exact table would otherwise hand the primer its first reports in table order, an ANN
+    # table none at all ("returned no reports"): neither says the embedder is at fault.
+    chat = ScriptedChatModel(drift_responder())
+    search = make_search(store, chat, drift_k_followups=2, primer_folds=1, n_depth=1)
+    search.embedder = ZeroEmbedder(store.manifest.vectors["community_reports"].dimension)
+    with pytest.raises(EmbeddingMismatchError, match="all-zero vector for the expanded query"):
+        await search.search("q")
+    assert stages(chat) == ["hyde"]
 
 
 async def test_each_epoch_embeds_its_action_queries_in_one_request(store):

@@ -108,6 +108,11 @@ class DRIFTPrimer:
     async def run(self, query: str) -> PrimerOutcome:
         hyde_text, hyde_usage, hyde_fell_back = await self.expand_query(query)
         vector = (await self.embedder.embed([hyde_text], kind="query"))[0]
+        if not np.any(vector):  # ANN would return nothing and an exact scan the first rows in table order
+            raise EmbeddingMismatchError(
+                f"embedder {self.embedder.model_id!r} made an all-zero vector for the expanded query: "
+                "it has no direction to rank community reports by"
+            )
         reports = await self.top_reports(vector)
         if reports.height == 0:
             raise ModelError(f"{self.store.uri}: table {schema.COMMUNITY_REPORTS!r} returned no reports for the primer")

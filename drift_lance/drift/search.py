@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from drift_lance.config.drift import DRIFTSearchConfig
+from drift_lance.config.ingest import StoreConfig
 from drift_lance.drift.action import ActionAnswer, DriftAction
 from drift_lance.drift.callbacks import DriftCallbacks, as_callback_list, emit
 from drift_lance.drift.llm import BoundedChat
@@ -488,10 +489,13 @@ async def open_drift_search(
     model_settings: Any = None,
     local_config: Any = None,
     callbacks: DriftCallbacks | Sequence[DriftCallbacks] = (),
+    store_config: StoreConfig | None = None,
 ) -> DRIFTSearch:
     """A ready DRIFTSearch on the index at `db_uri`. Models not given are built from
     `model_settings` (default: from the environment; embedded offline models when no OpenAI endpoint
-    is configured). Opens the store and reads its manifest; nothing is loaded per report or entity."""
+    is configured). `store_config`: how the index is read (ANN probes, caches, storage options), as
+    `Settings.store` sets it for the CLI and the service. Opens the store and reads its manifest;
+    nothing is loaded per report or entity."""
     from drift_lance._lance_store import open_store
     from drift_lance.local.context import LocalContextBuilder
     from drift_lance.models import get_chat_model, get_embedder
@@ -499,7 +503,7 @@ async def open_drift_search(
 
     config = config or DRIFTSearchConfig()
     prompts = load_prompts(config)  # fail on a bad prompt file before touching the store
-    store = await open_store(db_uri, storage_options=storage_options)
+    store = await open_store(db_uri, config=store_config, storage_options=storage_options)
     built: list[object] = []
     try:
         local = local_config_for_drift(config, local_config)
