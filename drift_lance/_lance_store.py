@@ -190,6 +190,7 @@ class LanceStore:
         if matrix.ndim != 2:
             raise StoreError(f"{self.uri}: query vectors for table {table!r} must be a 2-d array, got {matrix.ndim}-d")
         queries = [self._query_vector(table, row) for row in matrix]
+        await self._check_columns(table, columns)
         # LanceDB sizes its result buffers by k: an unbounded k from a setting aborts the process.
         k = min(k, self.manifest.tables[table].rows)
         if k <= 0 or not queries:
@@ -399,8 +400,7 @@ class LanceStore:
         columns: Sequence[str] | None = None,
     ) -> pl.DataFrame:
         handle = await self._table(table)
-        if key not in (await self._schema(table)).names:
-            raise StoreError(f"{self.uri}: table {table!r} has no column {key!r}")
+        await self._check_columns(table, [key, *(columns or ())])
         unique = list(dict.fromkeys(v for v in values if v is not None))
         if not unique:
             return await self._empty(table, columns)
@@ -464,6 +464,7 @@ class LanceStore:
         limit: int | None = None,
     ) -> pl.DataFrame:
         handle = await self._table(table)
+        await self._check_columns(table, columns)
         q = handle.query()
         if where:
             q = q.where(where)
@@ -530,6 +531,16 @@ class LanceStore:
         if cached is None:
             cached = self._schemas[table] = await (await self._table(table)).schema()
         return cached
+
+    async def _check_columns(self, table: str, columns: Sequence[str] | None) -> None:
+        """StoreError naming the table and the columns it lacks (LanceDB and the row caches would
+        each fail in their own words, or not at all for a lookup of no keys)."""
+        if columns is None:
+            return
+        names = (await self._schema(table)).names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise StoreError(f"{self.uri}: table {table!r} has no column {', '.join(map(repr, missing))} (columns: {', '.join(names)})")
 
     async def _empty(self, table: str, columns: Sequence[str] | None, *, with_similarity: bool = False) -> pl.DataFrame:
         arrow_schema = await self._schema(table)

@@ -233,6 +233,29 @@ async def test_unknown_table_is_a_store_error(dulce_store):
         await dulce_store.scan("claims")
 
 
+async def test_unknown_columns_are_a_store_error_naming_table_and_column(dulce_store, ann_db):
+    """Every read names the table and the missing column, whichever path answers it (the row
+    cache, LanceDB's exact or ANN search, a lookup of no keys)."""
+    vector = np.ones(3072, np.float32)
+    reads = [
+        dulce_store.search("entities", vector, 3, columns=["title", "nope"]),
+        dulce_store.search_many("entities", np.stack([vector, vector]), 3, columns=["nope"]),
+        dulce_store.fetch("entities", "title", ["ALEX MERCER"], columns=["nope"]),
+        dulce_store.fetch("entities", "title", [], columns=["nope"]),
+        dulce_store.fetch("entities", "nope", ["x"], columns=["title"]),
+        dulce_store.scan("entities", columns=["nope"]),
+    ]
+    for read in reads:
+        with pytest.raises(StoreError, match=r"table 'entities' has no column 'nope' \(columns: .*title"):
+            await read
+    ann = await open_store(ann_db[0])
+    try:
+        with pytest.raises(StoreError, match=r"table 'entities' has no column 'nope'"):
+            await ann.search("entities", np.ones(64, np.float32), 3, columns=["nope"])
+    finally:
+        await ann.close()
+
+
 def _rows_scoring(query: np.ndarray, scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Unit rows whose cosine with the unit `query` is exactly `scores` (up to float32 rounding)."""
     noise = rng.standard_normal((len(scores), query.shape[0]))
