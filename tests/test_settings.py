@@ -83,6 +83,15 @@ def test_model_settings_keep_their_own_variables(monkeypatch):
     assert Settings.load().models.chat_model == "my-model"
 
 
+@pytest.mark.parametrize(("variable", "right"), [("DRIFT_LANCE_MODELS__CHAT_MODEL", "DRIFT_LANCE_CHAT_MODEL"),
+                                                 ("DRIFT_LANCE_MODELS__API_KEY", "DRIFT_LANCE_MODEL_API_KEY")])
+def test_a_section_style_model_variable_is_refused_naming_the_right_one(monkeypatch, variable, right):
+    # The other sections take DRIFT_LANCE_<SECTION>__<FIELD>; models would silently ignore it.
+    monkeypatch.setenv(variable, "my-model")
+    with pytest.raises(ConfigError, match=f"{variable}: .*use {right}$"):
+        Settings.load()
+
+
 @pytest.mark.parametrize(
     ("text", "suffix", "needle"),
     [

@@ -261,6 +261,7 @@ def _model_settings(section: Any, source: Path | None) -> ModelSettings:
     (the model key is DRIFT_LANCE_MODEL_API_KEY; DRIFT_LANCE_API_KEY is the service's token)."""
     if section is not None and not isinstance(section, dict):
         raise ConfigError(f"config file {source}: section 'models' must be a table/mapping")
+    _refuse_section_style_model_variables()
     try:
         from_env = ModelSettings()
         env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set}
@@ -268,6 +269,18 @@ def _model_settings(section: Any, source: Path | None) -> ModelSettings:
     except ValidationError as exc:
         where = f"config file {source}" if source is not None else "model settings"
         raise ConfigError(f"{where}: {describe_validation_error(exc, prefix='models')}") from None
+
+
+def _refuse_section_style_model_variables() -> None:
+    """`DRIFT_LANCE_MODELS__CHAT_MODEL` follows the other sections' pattern but is read by nothing
+    (models use `DRIFT_LANCE_CHAT_MODEL`): name the right variable instead of ignoring it."""
+    prefix = f"{ENV_PREFIX}MODELS__"
+    for name in sorted(os.environ):
+        if name.upper().startswith(prefix):
+            field = name[len(prefix):].lower()
+            right = "DRIFT_LANCE_MODEL_API_KEY" if field == "api_key" else f"{ENV_PREFIX}{field.upper()}"
+            raise ConfigError(f"environment variable {name}: model settings are read from {ENV_PREFIX}<FIELD> "
+                              f"variables; use {right}")
 
 
 def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
