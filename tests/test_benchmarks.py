@@ -192,6 +192,24 @@ def test_bad_arguments_exit_2_naming_the_option():
 
 
 @pytest.mark.parametrize(
+    ("argv", "committed"),
+    [(["all", "--quick"], False), (["all"], True), (["retrieval", "--rows", "10", "--dim", "8"], True)],
+)
+def test_only_full_runs_write_to_the_committed_results_by_default(tmp_path, argv, committed):
+    """The README lists `all --quick` as a smoke run: its 2,000-row records must not replace the
+    committed figures the README quotes unless --out says so."""
+    from benchmarks import DEFAULT_RESULTS_DIR
+    from benchmarks.__main__ import build_parser, default_out
+
+    out = default_out(build_parser().parse_args(argv), tmp_path)
+    assert (out == DEFAULT_RESULTS_DIR) is committed
+    if not committed:
+        assert out.is_relative_to(tmp_path)
+    explicit = build_parser().parse_args([*argv, "--out", str(tmp_path / "x")])
+    assert explicit.out == tmp_path / "x"
+
+
+@pytest.mark.parametrize(
     ("args", "named"),
     [
         (["drift", "--latency-ms", "-50"], "--latency-ms"),
