@@ -212,3 +212,20 @@ def test_indexes_calibrated_before_the_confidence_bound_still_open_and_print():
         "entities: IVF_RQ probes 100 of 500 partitions "
         "(calibrated at ingest: recall@10 0.972, target 0.97, 300 sample queries, 27.1s)"
     )
+
+
+def test_inspect_says_when_calibration_never_reached_its_target():
+    """No probe count reached the target, so calibration settled on every partition: the probing
+    line must say the target was missed (only the ingest's log said so before)."""
+    from drift_lance.cli.ingest_cmd import probing_line
+    from drift_lance.store import AnnCalibration
+
+    def line(mean: float, bound: float) -> str:
+        calibration = AnnCalibration(nprobes=35, refine_factor=5, recall_at_10=mean, recall_lower_bound=bound,
+                                     target_recall=0.99, queries=300, seconds=3.0)
+        info = TableInfo(name="entities", version=1, rows=25_000, vector_index="IVF_RQ",
+                         vector_index_params={"num_partitions": 35}, calibration=calibration)
+        return probing_line(info)
+
+    assert line(0.896, 0.88).endswith("3.0s; TARGET NOT REACHED with every partition probed)")
+    assert "NOT REACHED" not in line(0.995, 0.991)

@@ -185,7 +185,7 @@ def probing_line(info: Any, tuning: Any = None) -> str:
     if source == "calibrated":
         why = (
             f"calibrated at ingest: recall@10 {c.recall_at_10:.3f}{_lower_bound(c)}, target {c.target_recall}, "
-            f"{c.queries} sample queries, {c.seconds:.1f}s"
+            f"{c.queries} sample queries, {c.seconds:.1f}s{_short_of_target(c)}"
         )
     elif source == "nprobes_fraction":
         why = _share_or_floor(tuning, partitions, probes) + (", not the ingest calibration" if c else ": not calibrated at ingest")
@@ -206,6 +206,14 @@ def _share_or_floor(tuning: Any, partitions: int, probes: int) -> str:
     if probes == tuning.min_nprobes:
         return f"{floor}, as {fraction} is only {share}"
     return f"all of them, as {floor} is more"
+
+
+def _short_of_target(calibration: Any) -> str:
+    """Calibration settles on every partition when no probe count reaches the target: `inspect`
+    must say so, not only the ingest's log."""
+    bound = calibration.recall_lower_bound
+    measured = calibration.recall_at_10 if bound is None else bound
+    return "; TARGET NOT REACHED with every partition probed" if measured < calibration.target_recall else ""
 
 
 def _lower_bound(calibration: Any) -> str:
