@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
@@ -183,6 +184,59 @@ async def test_a_server_that_wants_max_completion_tokens_gets_the_cap_under_that
     # what was learnt is per model: another model on the same server starts with max_tokens again
     assert (await _chat(openai_settings, max_retries=0).complete(USER, params=ChatParams(max_tokens=5))).text == "capped at 5"
     assert ["max_tokens" in r.body for r in openai_server.chat_requests[3:]] == [True, False]
+
+
+def _like_openai_reasoning_model(request) -> Reply | None:
+    """OpenAI's o-series / gpt-5 refusals (same wording on Azure), one parameter at a time."""
+    body = request.body
+    if "max_tokens" in body:
+        return Reply.bad_request("Unsupported parameter: 'max_tokens' is not supported with this model. "
+                                 "Use 'max_completion_tokens' instead.")
+    if body.get("temperature", 1) != 1:
+        return Reply.bad_request(f"Unsupported value: 'temperature' does not support {body['temperature']} with "
+                                 "this model. Only the default (1) value is supported.")
+    if "top_p" in body:
+        return Reply.bad_request("Unsupported parameter: 'top_p' is not supported with this model.")
+    return None
+
+
+async def test_a_reasoning_model_that_refuses_temperature_and_top_p_gets_calls_without_them(openai_server, openai_settings):
+    """DRIFT sends temperature 0 and top_p 1; OpenAI's reasoning models answer 400 to both. The call
+    goes again without the refused parameter (the model's default applies), remembered per model, and
+    neither a structured call's format nor a stream's usage request is given up over it."""
+    from drift_lance.models.base import ChatParams
+
+    openai_server.on_chat = lambda request: _like_openai_reasoning_model(request) or Reply(json=PRIMER)
+    chat = _chat(openai_settings.model_copy(update={"chat_model": "o3-mini"}), max_retries=0)
+    params = ChatParams(temperature=0.0, top_p=1.0, max_tokens=50, seed=7)
+    assert (await chat.complete(USER, params=params, response_model=Primer)).parsed == Primer(**PRIMER)
+    first = openai_server.chat_requests[-1]
+    assert first.response_format["type"] == "json_schema"
+    assert {k: first.body.get(k) for k in ("temperature", "top_p", "max_completion_tokens", "seed")} == {
+        "temperature": None, "top_p": None, "max_completion_tokens": 50, "seed": 7}
+
+    sent_before = len(openai_server.chat_requests)
+    deltas = [d async for d in chat.stream(USER, params=ChatParams(temperature=0.0, top_p=1.0))]
+    assert "".join(deltas) == json.dumps(PRIMER)
+    [streamed] = openai_server.chat_requests[sent_before:]  # what was learnt is not asked again
+    assert "temperature" not in streamed.body and "top_p" not in streamed.body
+    assert streamed.body["stream_options"] == {"include_usage": True}
+
+
+async def test_a_refused_parameter_is_not_dropped_for_other_models_or_without_a_refusal(openai_server, openai_settings):
+    from drift_lance.models.base import ChatParams
+
+    openai_server.queue_chat(Reply.bad_request("Unsupported value: 'temperature' does not support 0.0 with this model."),
+                             Reply(text="without"), Reply(text="other model"))
+    assert (await _chat(openai_settings, chat_model="o1", max_retries=0).complete(USER, params=ChatParams(temperature=0.0))).text == "without"
+    other = _chat(openai_settings, max_retries=0)
+    assert (await other.complete(USER, params=ChatParams(temperature=0.0))).text == "other model"
+    assert [r.body.get("temperature") for r in openai_server.chat_requests] == [0.0, None, 0.0]
+    # a 400 about something else is the caller's error, not a reason to drop parameters
+    openai_server.queue_chat(Reply.bad_request("messages: too long"))
+    with pytest.raises(ModelRequestError, match="too long"):
+        await other.complete(USER, params=ChatParams(temperature=0.0))
+    assert openai_server.chat_requests[-1].body["temperature"] == 0.0
 
 
 async def test_malformed_http_body_is_a_model_error(openai_server, openai_settings):

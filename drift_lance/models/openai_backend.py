@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import random
+import re
 import ssl
 import threading
 import time
@@ -77,7 +78,16 @@ _unexplained_fallback: dict[tuple[str, str], str] = {}
 # (endpoint, model)s that want the output cap as max_completion_tokens (OpenAI's reasoning models
 # reject max_tokens); everything else gets max_tokens, which every OpenAI-compatible server reads.
 _wants_max_completion_tokens: set[tuple[str, str]] = set()
+# (endpoint, model) -> sampling parameters the model refused (OpenAI's reasoning models: temperature
+# other than 1, top_p); they are left out from then on, so the server's default applies.
+_refused_params: dict[tuple[str, str], frozenset[str]] = {}
 _memory_lock = threading.Lock()
+# Parameters a call may go without: the server's default is what a refusing model would use anyway.
+_DROPPABLE_PARAMS = frozenset({"temperature", "top_p", "n", "seed"})
+# OpenAI's wording (Azure's too): "Unsupported value: 'temperature' does not support 0.0 with this
+# model. Only the default (1) value is supported." / "Unsupported parameter: 'top_p' is not supported
+# with this model."
+_UNSUPPORTED_PARAM = re.compile(r"unsupported (?:parameter|value):\s*'(\w+)'", re.IGNORECASE)
 
 
 # "format" covers response_format, "schema" json_schema / json schema
@@ -448,28 +458,47 @@ class OpenAIChatModel:
 
     # -- plumbing
 
-    async def with_output_cap(self, kwargs: dict[str, Any], send: Callable[[dict[str, Any]], Awaitable[T]]) -> T:
-        """`send(kwargs)` with the output cap under the name this endpoint takes: max_tokens, or
-        max_completion_tokens once the server has said so (remembered per endpoint and model)."""
+    async def with_accepted_params(self, kwargs: dict[str, Any], send: Callable[[dict[str, Any]], Awaitable[T]]) -> T:
+        """`send(kwargs)` with the parameters this endpoint and model accept: the output cap as
+        max_tokens, or as max_completion_tokens once the server has said so, and without sampling
+        parameters the model refused (OpenAI's reasoning models take neither temperature 0 nor
+        top_p). What a refusal taught is remembered per endpoint and model."""
         key = self._endpoint.key
 
-        def named() -> dict[str, Any]:
-            if "max_tokens" not in kwargs or key not in _wants_max_completion_tokens:
-                return kwargs
-            renamed = {k: v for k, v in kwargs.items() if k != "max_tokens"}
-            return {**renamed, "max_completion_tokens": kwargs["max_tokens"]}
+        def accepted() -> dict[str, Any]:
+            refused = _refused_params.get(key, frozenset())
+            named = {k: v for k, v in kwargs.items() if k not in refused}
+            if "max_tokens" in named and key in _wants_max_completion_tokens:
+                named["max_completion_tokens"] = named.pop("max_tokens")
+            return named
 
-        first = named()
-        try:
-            return await send(first)
-        except ModelRequestError as exc:
-            if "max_tokens" not in first or exc.status != 400 or "max_completion_tokens" not in str(exc):
-                raise
+        while True:
+            sent = accepted()
+            try:
+                return await send(sent)
+            except ModelRequestError as exc:
+                if not self._learn_from_refusal(exc, sent):
+                    raise
+
+    def _learn_from_refusal(self, exc: ModelRequestError, sent: dict[str, Any]) -> bool:
+        """Whether `exc` refused a parameter of `sent` that the call can do without (now remembered)."""
+        if exc.status != 400:
+            return False
+        key = self._endpoint.key
+        if "max_tokens" in sent and "max_completion_tokens" in str(exc):
             log.info("%s at %s wants max_completion_tokens; sending the cap under that name",
                      self.model_id, self._endpoint.endpoint)
             with _memory_lock:
                 _wants_max_completion_tokens.add(key)
-            return await send(named())
+            return True
+        param = _refused_param(exc)
+        if param in _DROPPABLE_PARAMS and param in sent:
+            log.info("%s at %s does not take %s=%r; leaving it to the model's default",
+                     self.model_id, self._endpoint.endpoint, param, sent[param])
+            with _memory_lock:
+                _refused_params[key] = _refused_params.get(key, frozenset()) | {param}
+            return True
+        return False
 
     async def _create(self, messages: list[dict], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The JSON body of one /chat/completions response."""
@@ -483,7 +512,7 @@ class OpenAIChatModel:
 
             return await endpoint.call("chat model", request)
 
-        response = await self.with_output_cap(kwargs, send)
+        response = await self.with_accepted_params(kwargs, send)
         if not isinstance(response, dict):
             raise ModelRequestError(
                 f"chat model {self.model_id!r} at {endpoint.endpoint} failed: malformed response body: "
@@ -499,6 +528,17 @@ class OpenAIChatModel:
     def _count(self, messages: list[dict], text: str) -> Usage:
         prompt = sum(self._tokenizer.count(m["content"]) for m in messages)
         return Usage(prompt, self._tokenizer.count(text), 1, counted=True)
+
+
+def _refused_param(exc: ModelRequestError) -> str | None:
+    """The parameter a server's "Unsupported parameter/value: 'x'" refusal names, or None."""
+    found = _UNSUPPORTED_PARAM.search(str(exc))
+    return found.group(1) if found else None
+
+
+def _refuses_a_call_parameter(exc: ModelRequestError) -> bool:
+    """Whether a refusal is about the output cap's name or a droppable sampling parameter."""
+    return "max_completion_tokens" in str(exc) or _refused_param(exc) in _DROPPABLE_PARAMS
 
 
 def _params_kwargs(params: ChatParams | None) -> dict[str, Any]:
@@ -567,7 +607,7 @@ class OpenAIChatStream(GeneratorStream):
         self._kwargs = kwargs
 
     async def _open(self) -> Any:
-        return await self._model.with_output_cap(self._kwargs, self._open_with)
+        return await self._model.with_accepted_params(self._kwargs, self._open_with)
 
     async def _open_with(self, kwargs: dict[str, Any]) -> Any:
         model = self._model
@@ -583,8 +623,8 @@ class OpenAIChatStream(GeneratorStream):
         try:
             return await endpoint.call("chat model", request, hold_slot=False)
         except ModelRequestError as exc:
-            if not (with_usage and exc.status in _MODE_UNSUPPORTED_STATUS) or "max_completion_tokens" in str(exc):
-                raise
+            if not (with_usage and exc.status in _MODE_UNSUPPORTED_STATUS) or _refuses_a_call_parameter(exc):
+                raise  # not about stream_options; a refused call parameter is handled by the caller
             log.info("%s at %s rejected stream_options; streaming without", model.model_id, endpoint.endpoint)
             with _memory_lock:
                 _no_stream_options.add(endpoint.key)
