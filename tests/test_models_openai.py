@@ -348,6 +348,28 @@ async def test_falls_back_to_json_object_with_schema_and_remembers(openai_server
     assert openai_server.chat_requests[-1].response_format["type"] == "json_object"
 
 
+async def test_a_500_refusing_json_schema_falls_back_at_once_instead_of_retrying(openai_server, openai_settings):
+    """llama.cpp's server before json_schema support (and ik_llama.cpp today) refuse it with a 500:
+    retrying it with backoff took minutes per call and then failed the call; it is a refusal."""
+    refusal = 'response_format type must be one of "text" or "json_object", but got: json_schema'
+
+    def like_an_older_llama_cpp_server(request):
+        if (request.response_format or {}).get("type") == "json_schema":
+            return Reply.server_error(500, refusal)
+        return Reply(json=PRIMER)
+
+    openai_server.on_chat = like_an_older_llama_cpp_server
+    chat = _chat(openai_settings, max_retries=5)
+    assert (await chat.complete(USER, response_model=Primer)).parsed == Primer(**PRIMER)
+    assert [r.response_format["type"] for r in openai_server.chat_requests] == ["json_schema", "json_object"]
+    await chat.complete(USER, response_model=Primer)  # remembered: json_schema is not asked again
+    assert [r.response_format["type"] for r in openai_server.chat_requests[2:]] == ["json_object"]
+    # an ordinary 500 is still retried
+    openai_server.queue_chat(Reply.server_error(500), Reply(json=PRIMER))
+    await chat.complete(USER, response_model=Primer)
+    assert [r.status for r in openai_server.chat_requests[3:]] == [500, 200]
+
+
 async def test_a_stray_400_does_not_give_up_json_schema_for_good(openai_server, openai_settings):
     """A 400 that says nothing about the output format (a context-length error, a proxy's hiccup)
     moves one call down the chain but is not remembered; a server that refuses json_schema the same

@@ -109,8 +109,19 @@ def _is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
         return True  # a garbled body (proxy hiccup, truncated response): worth another try
     if isinstance(exc, openai.APIStatusError):
+        if _refuses_response_format(exc.status_code, _error_message(exc)):
+            return False  # asking again gets the same refusal; the structured chain falls back
         return exc.status_code in _RETRYABLE_STATUS or exc.status_code >= 500
     return False
+
+
+def _refuses_response_format(status: int | None, message: str) -> bool:
+    """Whether an error is a server refusing the response_format: a 400/422, or a 5xx that names it
+    (llama.cpp's server before json_schema support, and ik_llama.cpp, answer json_schema with a 500
+    'response_format type must be one of "text" or "json_object", but got: json_schema')."""
+    if status in _MODE_UNSUPPORTED_STATUS:
+        return True
+    return status is not None and status >= 500 and "response_format" in message
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
@@ -430,7 +441,7 @@ class OpenAIChatModel:
             try:
                 response = await self._create(messages, request_kwargs)
             except ModelRequestError as exc:
-                if exc.status in _MODE_UNSUPPORTED_STATUS and i + 1 < len(steps):
+                if _refuses_response_format(exc.status, str(exc)) and i + 1 < len(steps):
                     log.info("%s at %s rejected %s (%s); trying %s", self.model_id, self._endpoint.endpoint,
                              step, exc, steps[i + 1])
                     format_rejected = format_rejected or _about_output_format(str(exc))
