@@ -239,6 +239,30 @@ async def test_a_refused_parameter_is_not_dropped_for_other_models_or_without_a_
     assert openai_server.chat_requests[-1].body["temperature"] == 0.0
 
 
+async def test_a_404_from_a_base_url_without_v1_says_so_and_quotes_the_server(openai_server, openai_settings):
+    """OPENAI_BASE_URL=http://localhost:11434 (no /v1): Ollama answers "404 page not found" as plain
+    text, vLLM {"detail": "Not Found"}; the error said only "HTTP 404: Error code: 404"."""
+    root = openai_server.base_url.removesuffix("/v1")
+    openai_server.queue_chat(Reply(status=404, body="404 page not found"), Reply(status=404, body={"detail": "Not Found"}))
+    chat = _chat(openai_settings, base_url=root, max_retries=0)
+    for said in ("404 page not found", "Not Found"):
+        with pytest.raises(ModelRequestError) as info:
+            await chat.complete(USER)
+        assert f"HTTP 404: {said}; is /v1 missing from the base URL" in str(info.value)
+        assert f"try {root}/v1" in str(info.value)
+    # with /v1 in the URL a 404 is something else (an unknown model): no such hint
+    openai_server.queue_chat(Reply(status=404, body={"error": {"message": 'model "llama3.1:8b" not found'}}))
+    with pytest.raises(ModelRequestError, match='HTTP 404: model "llama3.1:8b" not found$'):
+        await _chat(openai_settings, max_retries=0).complete(USER)
+
+
+async def test_a_proxy_html_error_page_is_reported_by_its_title(openai_server, openai_settings):
+    page = "<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1><hr>nginx</body></html>"
+    openai_server.queue_chat(Reply(status=502, body=page))
+    with pytest.raises(ModelRequestError, match=r"HTTP 502: 502 Bad Gateway$"):
+        await _chat(openai_settings, max_retries=0).complete(USER)
+
+
 async def test_malformed_http_body_is_a_model_error(openai_server, openai_settings):
     openai_server.queue_chat(*[Reply(body="{not json")] * 3)
     with pytest.raises(ModelRequestError, match="malformed response body") as info:

@@ -90,6 +90,10 @@ _DROPPABLE_PARAMS = frozenset({"temperature", "top_p", "n", "seed"})
 _UNSUPPORTED_PARAM = re.compile(r"unsupported (?:parameter|value):\s*'(\w+)'", re.IGNORECASE)
 
 
+_HTML_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_HTML_TAG = re.compile(r"<[^>]*>")
+
+
 # "format" covers response_format, "schema" json_schema / json schema
 _FORMAT_WORDS = ("format", "schema", "json_object", "structured", "grammar")
 
@@ -215,6 +219,9 @@ def _connection_failure_in(exc: BaseException) -> BaseException | None:
 
 
 def _error_message(exc: openai.APIStatusError) -> str:
+    """The server's own words: OpenAI's error.message, FastAPI's detail (vLLM), or a plain-text or
+    HTML body (Ollama's "404 page not found", a proxy's 502 page); the SDK's message says only
+    "Error code: 404" for those."""
     body = exc.body
     if isinstance(body, dict):
         err = body.get("error", body)
@@ -222,6 +229,12 @@ def _error_message(exc: openai.APIStatusError) -> str:
             return str(err["message"])
         if isinstance(err, str):
             return err
+        if isinstance(body.get("detail"), str):
+            return body["detail"]
+    if isinstance(body, str) and body.strip():
+        title = _HTML_TITLE.search(body)
+        text = title.group(1) if title else _HTML_TAG.sub(" ", body)
+        return " ".join(text.split())[:200]
     return str(exc.message)
 
 
@@ -339,10 +352,18 @@ class _Endpoint:
             reason, status, failure = _describe(exc, s.request_timeout)
             tries = f" after {attempts} attempts" if attempts > 1 else ""
             raise ModelRequestError(
-                f"{what} {self.model!r} at {self.endpoint} failed{tries}: {reason}", status=status, failure=failure,
+                f"{what} {self.model!r} at {self.endpoint} failed{tries}: {reason}{self._hint(status)}",
+                status=status, failure=failure,
                 attempts=attempts,
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _hint(self, status: int | None) -> str:
+        """What to check when a server has no such route: the usual cause is a base URL without
+        /v1 (vLLM, Ollama and llama.cpp's server serve the OpenAI API under /v1)."""
+        if status != 404 or self.azure or "/v1" in httpx2.URL(self.endpoint).path:
+            return ""
+        return f"; is /v1 missing from the base URL (OPENAI_BASE_URL / base_url)? try {self.endpoint}/v1"
 
     def _log_retry(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
