@@ -263,6 +263,32 @@ async def test_a_proxy_html_error_page_is_reported_by_its_title(openai_server, o
         await _chat(openai_settings, max_retries=0).complete(USER)
 
 
+async def test_an_answer_with_no_text_says_why_instead_of_passing_for_a_blank_answer(openai_server, openai_settings):
+    """Azure's content filter (finish_reason content_filter, content null), an output cap a reasoning
+    model spent on reasoning (finish_reason length, content ""), and a refusal (message.refusal) made a
+    blank DRIFT answer with exit status 0."""
+    from drift_lance.models import EmptyAnswerError
+
+    refusal = {"choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": None, "refusal": "I can't help with that."}}],
+               "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}
+    openai_server.queue_chat(Reply(text="", finish_reason="content_filter"), Reply(body=refusal),
+                             Reply(text="", finish_reason="length"), Reply(text="", finish_reason="content_filter"),
+                             Reply(text="", finish_reason="stop"))
+    chat = _chat(openai_settings, max_retries=0)
+    with pytest.raises(EmptyAnswerError, match="returned no text: the provider's content filter blocked the answer"):
+        await chat.complete(USER)
+    with pytest.raises(EmptyAnswerError, match="the model refused: I can't help with that.") as info:
+        await chat.complete(USER)
+    assert info.value.usage.output_tokens == 4  # what the call cost is still known
+    with pytest.raises(StructuredOutputError, match="output cap ran out before any answer text"):
+        await chat.complete(USER, response_model=Primer)
+    stream = chat.stream(USER)
+    with pytest.raises(EmptyAnswerError, match="content filter"):
+        _ = [d async for d in stream]
+    assert (await chat.complete(USER)).text == ""  # empty, and the server gave no reason: as it came
+
+
 async def test_malformed_http_body_is_a_model_error(openai_server, openai_settings):
     openai_server.queue_chat(*[Reply(body="{not json")] * 3)
     with pytest.raises(ModelRequestError, match="malformed response body") as info:

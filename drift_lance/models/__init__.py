@@ -18,6 +18,7 @@ from drift_lance.models.base import (
     ModelRequestError,
     RequestFailure,
     StructuredOutputError,
+    EmptyAnswerError,
     Usage,
 )
 from drift_lance.models.compat import check_embedding_compatibility
@@ -42,6 +43,7 @@ __all__ = [
     "ModelSettings",
     "RequestFailure",
     "StructuredOutputError",
+    "EmptyAnswerError",
     "Tokenizer",
     "Usage",
     "check_embedding_compatibility",

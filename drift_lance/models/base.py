@@ -104,6 +104,16 @@ class StructuredOutputError(ModelError):
         self.usage = usage or Usage()
 
 
+class EmptyAnswerError(ModelError):
+    """The model answered with no text, and said why: its provider's content filter blocked the
+    answer, the output cap ran out before any answer text (a reasoning model can spend it all on
+    reasoning), or it refused. `usage` is what the call cost."""
+
+    def __init__(self, message: str, *, usage: Usage | None = None):
+        super().__init__(message)
+        self.usage = usage or Usage()
+
+
 async def aclose_models(*models: object) -> None:
     """Close the models that hold connections (the OpenAI backend's HTTP sessions); models without
     `aclose` hold none. Each is closed even if an earlier one fails."""

@@ -47,7 +47,10 @@ from tenacity.wait import wait_base
 
 from drift_lance.config.models import ModelSettings
 from drift_lance.errors import ConfigError, first_cause
-from drift_lance.models.base import ChatParams, ChatResult, EmbedKind, GeneratorStream, Message, ModelError, ModelRequestError, RequestFailure, Usage, well_formed
+from drift_lance.models.base import (
+    ChatParams, ChatResult, EmbedKind, EmptyAnswerError, GeneratorStream, Message, ModelError, ModelRequestError,
+    RequestFailure, StructuredOutputError, Usage, well_formed,
+)
 from drift_lance.models.compat import native_dimension
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
 from drift_lance.models.structured import parse_structured, response_format_for, schema_instruction
@@ -431,7 +434,10 @@ class OpenAIChatModel:
         kwargs = _params_kwargs(params)
         if response_model is None:
             response = await self._create(payload, kwargs)
-            return self._result(payload, response)
+            result = self._result(payload, response)
+            if (why := _why_no_text(result.text, *_finish_and_refusal(response))) is not None:
+                raise EmptyAnswerError(self._no_answer(why), usage=result.usage)
+            return result
         return await self._complete_structured(payload, kwargs, response_model)
 
     def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> OpenAIChatStream:
@@ -470,6 +476,8 @@ class OpenAIChatModel:
                 raise
             self._remember_step(steps, step, format_rejected)
             result = self._result(messages, response)
+            if (why := _why_no_text(result.text, *_finish_and_refusal(response))) is not None:
+                raise StructuredOutputError(self._no_answer(why), text="", usage=result.usage)
             result.parsed = parse_structured(result.text, response_model, usage=result.usage)
             return result
         raise AssertionError("unreachable: the last step either returns or raises")
@@ -557,6 +565,9 @@ class OpenAIChatModel:
         usage = _usage_from(response.get("usage")) or self._count(messages, text)
         return ChatResult(text=text, usage=usage, model=str(response.get("model") or self.model_id), raw=response)
 
+    def _no_answer(self, why: str) -> str:
+        return f"chat model {self.model_id!r} at {self._endpoint.endpoint} returned no text: {why}"
+
     def _count(self, messages: list[dict], text: str) -> Usage:
         prompt = sum(self._tokenizer.count(m["content"]) for m in messages)
         return Usage(prompt, self._tokenizer.count(text), 1, counted=True)
@@ -607,6 +618,29 @@ def _completion_text(response: dict[str, Any]) -> str:
     message = choice.get("message") if isinstance(choice, dict) else None
     content = message.get("content") if isinstance(message, dict) else None
     return well_formed(content) if isinstance(content, str) else ""
+
+
+def _finish_and_refusal(response: dict[str, Any]) -> tuple[Any, Any]:
+    """The first choice's finish_reason and message.refusal (None where absent)."""
+    choices = response.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message")
+    return choice.get("finish_reason"), message.get("refusal") if isinstance(message, dict) else None
+
+
+def _why_no_text(text: str, finish_reason: Any, refusal: Any) -> str | None:
+    """Why an answer has no text, when the server said so; None when there is text (or no reason).
+    A blank answer would otherwise pass for one: an empty DRIFT answer, with exit status 0."""
+    if text.strip():
+        return None
+    if isinstance(refusal, str) and refusal.strip():
+        return f"the model refused: {' '.join(refusal.split())[:300]}"
+    if finish_reason == "content_filter":
+        return "the provider's content filter blocked the answer (finish_reason content_filter)"
+    if finish_reason == "length":
+        return ("the output cap ran out before any answer text (finish_reason length); a reasoning model "
+                "may have spent it on reasoning: raise the cap or leave it unset")
+    return None
 
 
 def _usage_from(usage: Any) -> Usage | None:
@@ -666,6 +700,7 @@ class OpenAIChatStream(GeneratorStream):
         model = self._model
         parts: list[str] = []
         reported: Usage | None = None
+        finish_reason = refusal = None
         # The slot is held for the whole stream: the server is busy until the last chunk.
         async with model.limiter.slot():
             sdk_stream = await self._open()
@@ -674,6 +709,9 @@ class OpenAIChatStream(GeneratorStream):
                     if getattr(chunk, "usage", None) is not None:
                         reported = _usage_from(chunk.usage)
                     for choice in chunk.choices or ():
+                        finish_reason = getattr(choice, "finish_reason", None) or finish_reason
+                        if choice.delta:  # Azure's content-filter chunks come without one
+                            refusal = getattr(choice.delta, "refusal", None) or refusal
                         delta = choice.delta.content if choice.delta else None
                         if delta:
                             delta = well_formed(delta)
@@ -687,6 +725,8 @@ class OpenAIChatStream(GeneratorStream):
             finally:
                 await sdk_stream.close()
         self.usage = reported or model._count(self._messages, "".join(parts))
+        if (why := _why_no_text("".join(parts), finish_reason, refusal)) is not None:
+            raise EmptyAnswerError(model._no_answer(why), usage=self.usage)
 
 
 # ---------------------------------------------------------------- embeddings
