@@ -120,6 +120,15 @@ def test_same_model_with_provider_prefix_is_compatible():
     )
 
 
+def test_an_ollama_model_named_with_or_without_its_latest_tag_is_compatible():
+    """Ollama names "nomic-embed-text" and "nomic-embed-text:latest" the same model (`ollama list`
+    shows the tag); another tag is another model."""
+    check_embedding_compatibility(_stored(64, "nomic-embed-text"), HashEmbedder(64, model_id="nomic-embed-text:latest"))
+    check_embedding_compatibility(_stored(64, "nomic-embed-text:latest"), HashEmbedder(64, model_id="nomic-embed-text"))
+    with pytest.raises(EmbeddingMismatchError, match="nomic-embed-text:v1.5"):
+        check_embedding_compatibility(_stored(64, "nomic-embed-text"), HashEmbedder(64, model_id="nomic-embed-text:v1.5"))
+
+
 def test_azure_env_selects_azure_backend(clean_env):
     clean_env.setenv("AZURE_OPENAI_ENDPOINT", "https://example.openai.azure.com/")
     clean_env.setenv("AZURE_OPENAI_API_KEY", "az-key")

@@ -24,8 +24,9 @@ NATIVE_EMBEDDING_DIMS = {
 
 
 def normalise_model_id(model: str) -> str:
-    """Compare model ids case-insensitively and without an "openai/" or "azure/" provider prefix."""
-    return _PROVIDER_PREFIX.sub("", model.strip()).lower()
+    """Compare model ids case-insensitively, without an "openai/" or "azure/" provider prefix, and
+    without Ollama's default tag: "nomic-embed-text" is "nomic-embed-text:latest" there."""
+    return _PROVIDER_PREFIX.sub("", model.strip()).lower().removesuffix(":latest")
 
 
 def native_dimension(model: str) -> int | None:
