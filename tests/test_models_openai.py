@@ -289,6 +289,21 @@ async def test_an_answer_with_no_text_says_why_instead_of_passing_for_a_blank_an
     assert (await chat.complete(USER)).text == ""  # empty, and the server gave no reason: as it came
 
 
+async def test_a_web_page_instead_of_the_api_is_reported_at_once(openai_server, openai_settings):
+    """A base URL pointing at a web UI or a login portal answers 200 with HTML: that was retried as
+    a garbled body (11 attempts with backoff by default) and reported as "Expecting value: line 1"."""
+    page = "<!doctype html><html><head><title>Open WebUI</title></head><body></body></html>"
+    openai_server.queue_chat(Reply(body=page))
+    openai_server.queue_embeddings(Reply(body=page))
+    with pytest.raises(ModelRequestError, match=r"failed: the endpoint answered with a web page \('Open WebUI'\), not the "
+                       r"API's JSON: is http://127.0.0.1:\d+/v1 the OpenAI-compatible API's base URL") as info:
+        await _chat(openai_settings, max_retries=3).complete(USER)
+    assert info.value.attempts == 1 and info.value.failure == "malformed"
+    with pytest.raises(ModelError, match="web page"):
+        await get_embedder(openai_settings).embed(["x"])
+    assert len(openai_server.requests) == 2
+
+
 async def test_malformed_http_body_is_a_model_error(openai_server, openai_settings):
     openai_server.queue_chat(*[Reply(body="{not json")] * 3)
     with pytest.raises(ModelRequestError, match="malformed response body") as info:

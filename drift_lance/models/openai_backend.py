@@ -194,6 +194,8 @@ def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, Requ
         if refused is not None:
             return f"connection failed: {refused}", None, "connection"
         return f"request timed out after {timeout:g}s", None, "timeout"
+    if isinstance(exc, _WebPageResponse):
+        return str(exc), None, "malformed"
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
         return f"malformed response body: {exc}", None, "malformed"
     if isinstance(exc, openai.APIStatusError):
@@ -219,6 +221,21 @@ def _connection_failure_in(exc: BaseException) -> BaseException | None:
         if failed and not isinstance(exc, TimeoutError):
             found = exc
     return found
+
+
+class _WebPageResponse(Exception):
+    """A 200 whose body is a web page, not the API's JSON: the base URL points at a web UI, a login
+    page or a proxy's portal. Asking again gets the same page, so it is not retried."""
+
+    def __init__(self, endpoint: str, page: str):
+        title = _HTML_TITLE.search(page)
+        named = f" ({' '.join(title.group(1).split())[:100]!r})" if title else ""
+        super().__init__(f"the endpoint answered with a web page{named}, not the API's JSON: is {endpoint} the "
+                         "OpenAI-compatible API's base URL (usually ending in /v1)?")
+
+
+def _is_web_page(response: httpx2.Response) -> bool:
+    return "html" in response.headers.get("content-type", "") or response.content.lstrip()[:1] == b"<"
 
 
 def _error_message(exc: openai.APIStatusError) -> str:
@@ -321,7 +338,12 @@ class _Endpoint:
         """POST `body` to `path` through the SDK (base URL, auth, Azure deployment routing, status
         errors) and return the decoded JSON response."""
         response = await client.post(path, body=body, cast_to=httpx2.Response)
-        return json.loads(response.content)
+        try:
+            return json.loads(response.content)
+        except json.JSONDecodeError:
+            if _is_web_page(response):
+                raise _WebPageResponse(self.endpoint, response.text) from None
+            raise
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
@@ -350,7 +372,7 @@ class _Endpoint:
                     async with self.limiter.slot() if hold_slot else contextlib.nullcontext():
                         async with asyncio.timeout(s.request_timeout):
                             return await request(client)
-        except (openai.APIError, TimeoutError, json.JSONDecodeError) as exc:
+        except (openai.APIError, TimeoutError, json.JSONDecodeError, _WebPageResponse) as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
             reason, status, failure = _describe(exc, s.request_timeout)
             tries = f" after {attempts} attempts" if attempts > 1 else ""
