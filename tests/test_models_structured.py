@@ -99,3 +99,27 @@ def test_strict_schema_closes_every_object_and_requires_all_fields():
 def test_open_maps_fall_back_to_non_strict_schema():
     schema, strict = strict_json_schema(Loose)
     assert not strict and schema == Loose.model_json_schema()
+
+
+def test_output_nested_deeper_than_the_parser_goes_is_a_structured_output_error():
+    """A looping model's "[[[[..." must be an unusable answer (skipped like any other), not a
+    RecursionError that fails the whole search as an internal error."""
+    for text in ("[" * 5000, "[" * 5000 + "]" * 5000, '{"summary": ' + "[" * 5000 + "]" * 5000 + "}"):
+        with pytest.raises(StructuredOutputError):
+            parse_structured(text, Finding)
+
+
+def test_repairing_deeply_nested_output_takes_memory_in_proportion_to_its_length():
+    """Unclosed lists with commas, 48 KB of them: each comma used to copy every open bracket
+    (256 MB for this answer, 23 s of a blocked service event loop for 240 KB)."""
+    import tracemalloc
+
+    text = "{\"a\": [1, 'b', " * 4000
+    tracemalloc.start()
+    try:
+        with pytest.raises(StructuredOutputError):
+            parse_structured(text, Finding)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * 2**20, f"{peak / 2**20:.0f} MiB to repair {len(text)} characters"

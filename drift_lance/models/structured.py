@@ -99,7 +99,7 @@ def parse_structured(text: str, model: type[BaseModel], *, usage: Usage | None =
     """Extract, repair and validate JSON for `model` from a model's answer text."""
     try:
         data = extract_json(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than Python recurses
         raise StructuredOutputError(
             f"no JSON object for {model.__name__} in the model output: {exc}; output starts {text[:200]!r}",
             text=text,
@@ -107,6 +107,9 @@ def parse_structured(text: str, model: type[BaseModel], *, usage: Usage | None =
         ) from None
     try:
         return model.model_validate(_well_formed_strings(data))
+    except RecursionError:
+        raise StructuredOutputError(f"model output for {model.__name__} is JSON nested too deeply to read", text=text,
+                                    usage=usage) from None
     except ValidationError as exc:
         raise StructuredOutputError(
             f"model output is JSON but does not match {model.__name__}: {_first_errors(exc)}",
@@ -140,7 +143,7 @@ def extract_json(text: str) -> Any:
     for candidate in _candidates(text):
         try:
             return json.loads(candidate, strict=False)
-        except ValueError:
+        except (ValueError, RecursionError):  # the latter: nested deeper than the parser goes
             pass
     start = _first_opening(text)
     if start < 0:
@@ -148,7 +151,7 @@ def extract_json(text: str) -> Any:
     for repaired in repair_json(text[start:]):
         try:
             return json.loads(repaired, strict=False)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     raise ValueError("JSON could not be repaired")
 
@@ -168,14 +171,20 @@ def _first_opening(text: str) -> int:
     return min(positions) if positions else -1
 
 
+# Open brackets, innermost first, as a linked list: ("[", ("{", None)) for "{[".
+_Openers = tuple[str, "_Openers"] | None
+
+
 def repair_json(src: str) -> list[str]:
     """Candidate repairs of JSON-like text starting at its first bracket, best first: single quotes
     to double quotes, Python literals, trailing commas, raw newlines in strings, text after the
     outermost value, and (for truncated output) unclosed strings and brackets. Further candidates
     drop the incomplete last members of a truncated object."""
     out: list[str] = []
-    stack: list[str] = []
-    cuts: list[tuple[int, list[str]]] = []  # (len(out) at a top-level-ish comma, stack then)
+    # A cut keeps the stack as it was without copying it: a copy per comma made deeply nested output
+    # quadratic (240 KB of unclosed lists in a model's answer held the service's event loop for 23 s).
+    stack: _Openers = None
+    cuts: list[tuple[int, _Openers]] = []  # (len(out) at a top-level-ish comma, stack then)
     quote: str | None = None
     i, n = 0, len(src)
     while i < n:
@@ -191,17 +200,17 @@ def repair_json(src: str) -> list[str]:
             quote = c
             out.append('"')
         elif c in "{[":
-            stack.append(c)
+            stack = (c, stack)
             out.append(c)
         elif c in "}]":
             _drop_trailing_comma(out)
-            if stack:
-                stack.pop()
+            if stack is not None:
+                stack = stack[1]
             out.append(c)
-            if not stack:
+            if stack is None:
                 break
         elif c == ",":
-            cuts.append((len(out), list(stack)))
+            cuts.append((len(out), stack))
             out.append(c)
         elif c == "/" and src.startswith("//", i):
             end = src.find("\n", i)
@@ -261,10 +270,14 @@ def _drop_trailing_comma(out: list[str]) -> None:
         del out[k]
 
 
-def _close(text: str, stack: list[str]) -> str:
+def _close(text: str, stack: _Openers) -> str:
     body = text.rstrip()
     while body.endswith(","):
         body = body[:-1].rstrip()
     if body.endswith(":"):
         body += " null"
-    return body + "".join("}" if opener == "{" else "]" for opener in reversed(stack))
+    closers = []
+    while stack is not None:  # innermost first
+        opener, stack = stack
+        closers.append("}" if opener == "{" else "]")
+    return body + "".join(closers)
