@@ -645,3 +645,22 @@ def test_fake_server_works_from_sync_code():
         client.close()
     assert reply.choices[0].message.content == "plain text reply"
     assert server.requests[0].messages == [{"role": "user", "content": "hi"}]
+
+
+async def test_a_body_nested_deeper_than_the_decoder_goes_is_a_malformed_response(openai_server, openai_settings):
+    """A server answering "[[[[...]]]]" made the JSON decoder raise RecursionError, which escaped
+    as an internal error (a 500 from the service for a local search) instead of a model failure."""
+    nested = "[" * 100_000 + "]" * 100_000
+    openai_server.queue_chat(Reply(body=nested))
+    with pytest.raises(ModelRequestError, match="malformed response body: JSON nested too deeply") as info:
+        await _chat(openai_settings, max_retries=2).complete(USER)
+    assert info.value.attempts == 1 and info.value.failure == "malformed"
+    openai_server.queue_embeddings(Reply(body=nested))
+    with pytest.raises(ModelRequestError, match="nested too deeply"):
+        await get_embedder(openai_settings.model_copy(update={"max_retries": 0})).embed(["x"])
+    stream_chunk = "data: " + nested + "\n\n"
+    openai_server.queue_chat(Reply(body=stream_chunk, headers={"content-type": "text/event-stream"}))
+    with pytest.raises(ModelRequestError, match="stream failed: malformed response body: a chunk's JSON is nested too "
+                       "deeply") as info:
+        _ = [d async for d in _chat(openai_settings).stream(USER)]
+    assert info.value.failure == "malformed"

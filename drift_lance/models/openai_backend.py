@@ -194,7 +194,7 @@ def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, Requ
         if refused is not None:
             return f"connection failed: {refused}", None, "connection"
         return f"request timed out after {timeout:g}s", None, "timeout"
-    if isinstance(exc, _WebPageResponse):
+    if isinstance(exc, (_WebPageResponse, _NestedTooDeep)):
         return str(exc), None, "malformed"
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
         return f"malformed response body: {exc}", None, "malformed"
@@ -232,6 +232,10 @@ class _WebPageResponse(Exception):
         named = f" ({' '.join(title.group(1).split())[:100]!r})" if title else ""
         super().__init__(f"the endpoint answered with a web page{named}, not the API's JSON: is {endpoint} the "
                          "OpenAI-compatible API's base URL (usually ending in /v1)?")
+
+
+class _NestedTooDeep(Exception):
+    """A response body nested deeper than Python's JSON decoder recurses; asking again gets the same."""
 
 
 def _is_web_page(response: httpx2.Response) -> bool:
@@ -344,6 +348,9 @@ class _Endpoint:
             if _is_web_page(response):
                 raise _WebPageResponse(self.endpoint, response.text) from None
             raise
+        except RecursionError:  # escaped the model's error handling: the search failed as a bug (500)
+            raise _NestedTooDeep(f"malformed response body: JSON nested too deeply to decode ({len(response.content)} "
+                                 "bytes)") from None
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
@@ -372,7 +379,7 @@ class _Endpoint:
                     async with self.limiter.slot() if hold_slot else contextlib.nullcontext():
                         async with asyncio.timeout(s.request_timeout):
                             return await request(client)
-        except (openai.APIError, TimeoutError, json.JSONDecodeError, _WebPageResponse) as exc:
+        except (openai.APIError, TimeoutError, json.JSONDecodeError, _WebPageResponse, _NestedTooDeep) as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
             reason, status, failure = _describe(exc, s.request_timeout)
             tries = f" after {attempts} attempts" if attempts > 1 else ""
@@ -744,6 +751,9 @@ class OpenAIChatStream(GeneratorStream):
                 raise ModelRequestError(
                     f"chat model {model.model_id!r} stream failed: {reason}", status=status, failure=failure
                 ) from exc
+            except RecursionError:  # a chunk the SDK's JSON decoder cannot go deep enough for
+                raise ModelRequestError(f"chat model {model.model_id!r} stream failed: malformed response body: a "
+                                        "chunk's JSON is nested too deeply to decode", failure="malformed") from None
             finally:
                 await sdk_stream.close()
         self.usage = reported or model._count(self._messages, "".join(parts))
