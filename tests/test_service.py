@@ -532,6 +532,18 @@ def test_auth_required_when_api_key_set_from_environment(service_db, live_server
     assert health.status_code == 200 and ready.status_code == 200  # probes stay open
 
 
+@pytest.mark.parametrize(("configured", "sent"), [("s3cret\n", "s3cret"), (" s3cret\r\n", "s3cret"), ("clé-ünï", "clé-ünï")])
+def test_the_configured_api_key_is_accepted_as_a_client_sends_it(service_db, live_server, monkeypatch, configured, sent):
+    """A key read from a file ends in a newline no client can send, and a non-ASCII key travels as
+    its UTF-8 bytes: with either, every request was refused 401."""
+    monkeypatch.setenv("DRIFT_LANCE_API_KEY", configured)
+    srv = start(live_server, Settings.load(db=str(service_db)))
+    with srv.client() as client:
+        right = client.get("/v1/index", headers={"Authorization": f"Bearer {sent}".encode()})
+        wrong = client.get("/v1/index", headers={"Authorization": "Bearer s3cre"})
+    assert right.status_code == 200, right.text
+    assert wrong.status_code == 401
+
 def test_no_auth_when_no_api_key(server):
     with server.client() as client:
         r = client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"})

@@ -75,4 +75,6 @@ class ServiceConfig(BaseModel):
         # DRIFT_LANCE_API_KEY="" in an env file should disable auth, not require an empty token.
         if isinstance(value, str) and not value.strip():
             return None
-        return value
+        # A key read from a file (a Kubernetes secret, `$(cat key)` in an env file with CRLF) often
+        # ends in a newline, which no client can send in a header: every request got 401.
+        return value.strip() if isinstance(value, str) else value

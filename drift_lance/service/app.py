@@ -126,8 +126,10 @@ class _ServiceState:
         if key is None:
             return True
         scheme, _, token = (header or "").partition(" ")
-        given = token.strip() if scheme.lower() == "bearer" else ""
-        return hmac.compare_digest(given.encode(), key.get_secret_value().encode())
+        given = token.strip(" \t") if scheme.lower() == "bearer" else ""
+        # The header as its bytes (ASGI servers decode it as latin-1), against the key's UTF-8: a
+        # non-ASCII key, sent as UTF-8 by curl or httpx, was refused however it was sent.
+        return hmac.compare_digest(given.encode("latin-1", "replace"), key.get_secret_value().encode())
 
     def require_ready(self) -> None:
         status = self.ready_status()
