@@ -664,3 +664,20 @@ async def test_a_body_nested_deeper_than_the_decoder_goes_is_a_malformed_respons
                        "deeply") as info:
         _ = [d async for d in _chat(openai_settings).stream(USER)]
     assert info.value.failure == "malformed"
+
+
+async def test_an_error_body_cannot_write_lines_or_escapes_into_the_log(openai_server, openai_settings, caplog):
+    """The server's error message is quoted in the log and the error: a newline in it wrote a
+    forged log line (the service's format, a request id of its choosing), an ANSI escape recoloured
+    or cleared the operator's terminal."""
+    import logging
+
+    forged = "overloaded\n2026-12-07 10:00:00,000 ERROR drift_lance.service [admin] forged\x1b[2J\x1b[31m"
+    openai_server.queue_chat(*[Reply.server_error(500, forged)] * 2)
+    with caplog.at_level(logging.WARNING), pytest.raises(ModelRequestError) as info:
+        await _chat(openai_settings, max_retries=1).complete(USER)
+    logged = [r.getMessage() for r in caplog.records if "overloaded" in r.getMessage()]
+    assert logged, "the retry is logged with the server's words"
+    for text in [str(info.value), *logged]:
+        assert "overloaded 2026-12-07 10:00:00,000 ERROR" in text
+        assert "\n" not in text and "\x1b" not in text

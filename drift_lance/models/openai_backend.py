@@ -95,6 +95,7 @@ _UNSUPPORTED_PARAM = re.compile(r"unsupported (?:parameter|value):\s*'(\w+)'", r
 
 _HTML_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 _HTML_TAG = re.compile(r"<[^>]*>")
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")  # C0/C1 controls (ANSI escapes), not whitespace
 
 
 # "format" covers response_format, "schema" json_schema / json schema
@@ -243,9 +244,15 @@ def _is_web_page(response: httpx2.Response) -> bool:
 
 
 def _error_message(exc: openai.APIStatusError) -> str:
-    """The server's own words: OpenAI's error.message, FastAPI's detail (vLLM), or a plain-text or
-    HTML body (Ollama's "404 page not found", a proxy's 502 page); the SDK's message says only
-    "Error code: 404" for those."""
+    """The server's own words, on one line of printable text: they reach the log, where a newline
+    or an ANSI escape in an error body wrote forged log lines."""
+    return " ".join(_CONTROL.sub("?", _server_words(exc)).split())
+
+
+def _server_words(exc: openai.APIStatusError) -> str:
+    """OpenAI's error.message, FastAPI's detail (vLLM), or a plain-text or HTML body (Ollama's
+    "404 page not found", a proxy's 502 page); the SDK's message says only "Error code: 404" for
+    those."""
     body = exc.body
     if isinstance(body, dict):
         err = body.get("error", body)
