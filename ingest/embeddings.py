@@ -2,8 +2,9 @@
 
 Reuse order per table (first hit wins): graphrag's LanceDB folder (``lancedb/`` next to the parquet,
 3.x names like ``entity_description`` and 1.x/2.x names like ``default-entity-description``, vectors
-possibly ``list<double>``), an ``embeddings.<name>.parquet`` snapshot, then an embedding column in the
-table's own parquet (``description_embedding`` in pre-1.0 entities). Reused vectors must cover every
+possibly ``list<double>``), an ``embeddings.<name>.parquet`` snapshot (3.x ``entity_description``,
+0.5-2.x ``entity.description``), then an embedding column in the table's own parquet
+(``description_embedding`` in pre-1.0 entities). Reused vectors must cover every
 row: mixing them with vectors of another model would make similarities meaningless.
 """
 
@@ -27,6 +28,13 @@ LANCEDB_TABLES = {
     schema.ENTITIES: ("entity_description", "default-entity-description"),
     schema.COMMUNITY_REPORTS: ("community_full_content", "default-community-full_content"),
     schema.TEXT_UNITS: ("text_unit_text", "default-text_unit-text"),
+}
+# graphrag's `snapshots.embeddings` files: embeddings.<name>.parquet, 3.x name first, then 0.5-2.x's
+# dotted one (a vector store other than LanceDB leaves these as the only local copy of the vectors).
+SNAPSHOT_NAMES = {
+    schema.ENTITIES: ("entity_description", "entity.description"),
+    schema.COMMUNITY_REPORTS: ("community_full_content", "community.full_content"),
+    schema.TEXT_UNITS: ("text_unit_text", "text_unit.text"),
 }
 PARQUET_COLUMNS = {
     schema.ENTITIES: ("description_embedding",),
@@ -180,7 +188,7 @@ def find_reusable(root: Path, table: str, raw_columns: dict[str, pa.ChunkedArray
                 raise
             except Exception as exc:  # noqa: BLE001 - lance raises OSError/ValueError/RuntimeError
                 raise IngestError(f"{path}: cannot read graphrag LanceDB table: {exc}") from exc
-    for name in LANCEDB_TABLES[table][:1]:
+    for name in SNAPSHOT_NAMES[table]:
         path = root / f"embeddings.{name}.parquet"
         if path.exists():
             try:

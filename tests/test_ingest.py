@@ -282,6 +282,38 @@ async def test_graphrag_1x_lancedb_names_with_double_vectors(dulce_dir, tmp_path
     assert {v.source for v in report.manifest.vectors.values()} == {"graphrag-lancedb"}
 
 
+def dulce_vectors(dulce_dir: Path, name: str) -> tuple[list[str], np.ndarray]:
+    """The ids and vectors of one of dulce's graphrag LanceDB tables."""
+    table = lancedb.connect(str(dulce_dir / "lancedb")).open_table(name).to_arrow()
+    return table["id"].to_pylist(), np.asarray(table["vector"].to_pylist(), dtype=np.float64)
+
+
+async def test_graphrag_0_5_to_2_x_embedding_snapshots_are_reused(dulce_dir, tmp_path):
+    """graphrag 0.5-2.x with `snapshots.embeddings` (the only local copy of the vectors when its
+    vector store is Azure AI Search or CosmosDB) names them embeddings.entity.description.parquet;
+    they were ignored and every vector recomputed with another model."""
+    dotted = {"entity_description": "entity.description", "community_full_content": "community.full_content",
+              "text_unit_text": "text_unit.text"}
+
+    def to_2x_snapshots(root: Path) -> None:
+        shutil.rmtree(root / "lancedb")
+        (root / "embeddings.community_full_content.parquet").unlink()
+        for name, old_name in dotted.items():
+            ids, vectors = dulce_vectors(dulce_dir, name)
+            pl.DataFrame({"id": ids, "embedding": vectors.tolist()}).write_parquet(root / f"embeddings.{old_name}.parquet")
+
+    src = copy_index(dulce_dir, tmp_path / "src", to_2x_snapshots)
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), embedder=HashEmbedder(8), progress=False)
+    assert report.computed_vectors == 0
+    assert {v.source for v in report.manifest.vectors.values()} == {"embeddings-parquet"}
+    assert {v.dimension for v in report.manifest.vectors.values()} == {3072}
+    ids, vectors = dulce_vectors(dulce_dir, "text_unit_text")
+    store = await open_store(str(tmp_path / "db"))
+    landed = await store.fetch("text_units", "id", ids[:1], columns=["vector"])
+    np.testing.assert_allclose(landed["vector"][0].to_numpy(), vectors[0] / np.linalg.norm(vectors[0]), atol=1e-6)
+    await store.close()
+
+
 # --------------------------------------------------------------------------- bad input
 
 
