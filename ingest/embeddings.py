@@ -1,8 +1,8 @@
 """Vectors for the three embedded tables: reuse GraphRAG's own, or compute them.
 
 Reuse order per table (first hit wins): graphrag's LanceDB folder (``lancedb/`` next to the parquet,
-3.x names like ``entity_description`` and 1.x/2.x names like ``default-entity-description``, vectors
-possibly ``list<double>``), an ``embeddings.<name>.parquet`` snapshot (3.x ``entity_description``,
+3.x names like ``entity_description`` and 1.x/2.x names like ``default-entity-description``, or
+another ``container_name`` than ``default``; vectors possibly ``list<double>``), an ``embeddings.<name>.parquet`` snapshot (3.x ``entity_description``,
 0.5-2.x ``entity.description``), then an embedding column in the table's own parquet
 (``description_embedding`` in pre-1.0 entities). Reused vectors must cover every
 row: mixing them with vectors of another model would make similarities meaningless.
@@ -28,6 +28,13 @@ LANCEDB_TABLES = {
     schema.ENTITIES: ("entity_description", "default-entity-description"),
     schema.COMMUNITY_REPORTS: ("community_full_content", "default-community-full_content"),
     schema.TEXT_UNITS: ("text_unit_text", "default-text_unit-text"),
+}
+# graphrag 0.5-2.x name each table "<vector_store.container_name>-<embedding>"; "default" unless the
+# user's settings.yaml chose another container.
+CONTAINER_SUFFIXES = {
+    schema.ENTITIES: "-entity-description",
+    schema.COMMUNITY_REPORTS: "-community-full_content",
+    schema.TEXT_UNITS: "-text_unit-text",
 }
 # graphrag's `snapshots.embeddings` files: embeddings.<name>.parquet, 3.x name first, then 0.5-2.x's
 # dotted one (a vector store other than LanceDB leaves these as the only local copy of the vectors).
@@ -177,17 +184,47 @@ def _from_lance(path: Path) -> FoundVectors:
     return FoundVectors(ids, matrix, "graphrag-lancedb", str(path))
 
 
+def _lancedb_table(folder: Path, table: str, ids: list[str]) -> Path | None:
+    """graphrag's LanceDB table for `table`: a known name, else the one "<container>-..." table (of
+    several containers sharing the folder, the one with a vector for every row)."""
+    for name in LANCEDB_TABLES[table]:
+        if (folder / f"{name}.lance").is_dir():
+            return folder / f"{name}.lance"
+    candidates = sorted(folder.glob(f"*{CONTAINER_SUFFIXES[table]}.lance")) if folder.is_dir() else []
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    covering = [path for path in candidates if _covers(path, ids)]
+    if len(covering) == 1:
+        return covering[0]
+    names = ", ".join(path.name for path in candidates)
+    raise IngestError(
+        f"{folder}: {len(candidates)} graphrag vector tables for {table} ({names}) and "
+        f"{'none' if not covering else 'more than one'} has a vector for every row; keep only this index's "
+        "container in the folder, or use --reembed"
+    )
+
+
+def _covers(path: Path, ids: list[str]) -> bool:
+    """Whether the LanceDB table at `path` has a row for each of `ids`."""
+    import lance
+
+    try:
+        found = set(lance.dataset(str(path)).to_table(columns=["id"]).column("id").cast(pa.string()).to_pylist())
+    except Exception as exc:  # noqa: BLE001 - lance raises OSError/ValueError/RuntimeError
+        raise IngestError(f"{path}: cannot read graphrag LanceDB table: {exc}") from exc
+    return found.issuperset(ids)
+
+
 def find_reusable(root: Path, table: str, raw_columns: dict[str, pa.ChunkedArray], ids: list[str], parquet: Path) -> FoundVectors | None:
     """graphrag's vectors for `table`, if the index has them (see module docstring for the order)."""
-    for name in LANCEDB_TABLES[table]:
-        path = root / "lancedb" / f"{name}.lance"
-        if path.is_dir():
-            try:
-                return _from_lance(path)
-            except IngestError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - lance raises OSError/ValueError/RuntimeError
-                raise IngestError(f"{path}: cannot read graphrag LanceDB table: {exc}") from exc
+    path = _lancedb_table(root / "lancedb", table, ids)
+    if path is not None:
+        try:
+            return _from_lance(path)
+        except IngestError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - lance raises OSError/ValueError/RuntimeError
+            raise IngestError(f"{path}: cannot read graphrag LanceDB table: {exc}") from exc
     for name in SNAPSHOT_NAMES[table]:
         path = root / f"embeddings.{name}.parquet"
         if path.exists():

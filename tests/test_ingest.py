@@ -282,6 +282,48 @@ async def test_graphrag_1x_lancedb_names_with_double_vectors(dulce_dir, tmp_path
     assert {v.source for v in report.manifest.vectors.values()} == {"graphrag-lancedb"}
 
 
+def write_2x_store(root: Path, container: str, rows: Callable[[str], list[str]]) -> None:
+    """A graphrag 1.x/2.x LanceDB vector store in `root`/lancedb, its tables named after `container`
+    (settings.yaml's vector_store.container_name) and holding a vector for each id `rows(parquet)` gives."""
+    db = lancedb.connect(str(root / "lancedb"))
+    rng = np.random.default_rng(len(container))
+    for name, parquet in (("entity-description", "entities"), ("community-full_content", "community_reports"),
+                          ("text_unit-text", "text_units")):
+        ids = rows(parquet)
+        db.create_table(f"{container}-{name}", pa.table({
+            "id": ids, "text": ["t"] * len(ids),
+            "vector": pa.array(rng.normal(size=(len(ids), 12)).tolist(), pa.list_(pa.float64())),
+            "attributes": ['{"title": "x"}'] * len(ids),
+        }))
+
+
+async def test_graphrag_2x_store_of_another_container_name_is_reused(dulce_dir, tmp_path):
+    """A settings.yaml with vector_store.container_name other than "default" names the tables
+    "<container>-entity-description": they were ignored and every vector recomputed with another model.
+    Two projects' containers in one folder: the one with a vector for each row is this index's."""
+    def to_named_container(root: Path) -> None:
+        shutil.rmtree(root / "lancedb")
+        (root / "embeddings.community_full_content.parquet").unlink()
+        write_2x_store(root, "dulce", lambda parquet: pl.read_parquet(root / f"{parquet}.parquet")["id"].to_list())
+
+    src = copy_index(dulce_dir, tmp_path / "src", to_named_container)
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), embedder=HashEmbedder(8), progress=False)
+    assert report.computed_vectors == 0
+    assert {v.source for v in report.manifest.vectors.values()} == {"graphrag-lancedb"}
+    assert {v.dimension for v in report.manifest.vectors.values()} == {12}
+
+    write_2x_store(src, "another-project", lambda parquet: [f"other-{i}" for i in range(3)])
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), embedder=HashEmbedder(8), progress=False)
+    assert report.computed_vectors == 0 and {v.dimension for v in report.manifest.vectors.values()} == {12}
+
+    write_2x_store(src, "a-copy", lambda parquet: pl.read_parquet(src / f"{parquet}.parquet")["id"].to_list())
+    with pytest.raises(IngestError) as err:
+        await ingest.run_ingest(src, str(tmp_path / "db2"), embedder=HashEmbedder(8), progress=False)
+    for fragment in ["lancedb", "a-copy-entity-description.lance", "dulce-entity-description.lance", "more than one"]:
+        assert fragment in str(err.value), str(err.value)
+    assert not (tmp_path / "db2").exists()
+
+
 def dulce_vectors(dulce_dir: Path, name: str) -> tuple[list[str], np.ndarray]:
     """The ids and vectors of one of dulce's graphrag LanceDB tables."""
     table = lancedb.connect(str(dulce_dir / "lancedb")).open_table(name).to_arrow()
