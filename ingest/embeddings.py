@@ -10,6 +10,7 @@ row: mixing them with vectors of another model would make similarities meaningle
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ import pyarrow.parquet as pq
 from drift_lance import schema
 from drift_lance.errors import IngestError
 from drift_lance.models.base import Embedder
+
+log = logging.getLogger(__name__)
 
 # graphrag's vector-store table names, newest first.
 LANCEDB_TABLES = {
@@ -236,6 +239,10 @@ def find_reusable(root: Path, table: str, raw_columns: dict[str, pa.ChunkedArray
     for column in PARQUET_COLUMNS[table]:
         if column in raw_columns:
             where = f"{parquet}: column {column!r}"
+            if len(raw_columns[column]) and raw_columns[column].null_count == len(raw_columns[column]):
+                # graphrag 0.4 configured with a vector store sent the vectors there and left this empty
+                log.warning("%s holds no vector (graphrag 0.4 stored them in its vector store); computing them", where)
+                continue
             return FoundVectors(ids, vectors_to_matrix(raw_columns[column], where), "parquet-column", str(parquet))
     return None
 

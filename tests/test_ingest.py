@@ -243,6 +243,20 @@ async def test_old_name_and_embedding_column_variant(carol_dir, tmp_path):
     assert row["text_unit_ids"] == original["text_unit_ids"].item().to_list()
 
 
+async def test_graphrag_0_4_empty_embedding_column_is_computed(carol_dir, tmp_path):
+    """graphrag 0.4 configured with a vector store wrote `description_embedding` with no vector in
+    it (null on every row): the ingest stopped with "has type null", with no way out but --reembed."""
+    def to_04_with_vector_store(root: Path) -> None:
+        rewrite(root / "create_final_entities.parquet",
+                lambda f: f.rename({"title": "name"}).with_columns(pl.lit(None).alias("description_embedding")))
+
+    src = copy_index(carol_dir, tmp_path / "src", to_04_with_vector_store)
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), embedder=HashEmbedder(8), progress=False)
+    assert report.manifest.layout == "graphrag-0.4"
+    assert report.manifest.vectors["entities"].source == "computed"
+    assert report.computed_vectors == 260 + 37 + 42
+
+
 async def test_reembed_recomputes_everything(dulce_dir, tmp_path):
     report = await ingest.run_ingest(dulce_dir, str(tmp_path / "db"), embedder=HashEmbedder(16), reembed=True, progress=False)
     assert {v.source for v in report.manifest.vectors.values()} == {"computed"}
