@@ -341,9 +341,12 @@ def _community_reports(t: _Table, communities: pl.DataFrame) -> pl.DataFrame:
     def own_or_community(column: str, dtype: pl.DataType) -> pl.Series:
         return t.typed(column, dtype) if t.has(column) else by_community[column]
 
-    level = own_or_community("level", _I64)
+    # the level decides which reports a search at a community level sees: never guessed
+    level = t.typed("level", _I64, not_null=True) if t.has("level") else by_community["level"]
     if level.null_count():
-        raise IngestError(f"{t.path}: column 'level' is missing and some reports' communities are not in the communities table")
+        unknown = ", ".join(str(c) for c in community.filter(level.is_null()).head(3).to_list())
+        raise IngestError(f"{t.path}: column 'level' is missing and some reports' communities are not in the "
+                          f"communities table (e.g. community {unknown})")
     return _frame(
         schema.COMMUNITY_REPORTS,
         {

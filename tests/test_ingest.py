@@ -418,6 +418,14 @@ BAD_INPUTS = {
         _change("text_units.parquet", lambda f: f.with_columns(pl.lit(None, dtype=pl.String).alias("id"))),
         ["text_units.parquet", "'id'"],
     ),
+    "null report level": (
+        _change("community_reports.parquet", lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 2).then(None).otherwise(pl.col("level")).alias("level"))),
+        ["community_reports.parquet", "column 'level' has 1 empty values (first at row 2)"],
+    ),
+    "report level unknown": (
+        _change("community_reports.parquet", lambda f: f.drop("level").with_columns(pl.when(pl.int_range(pl.len()) == 1).then(999).otherwise(pl.col("community")).alias("community"))),
+        ["community_reports.parquet", "'level' is missing", "(e.g. community 999)"],
+    ),
     "null citation ids": (
         _change("entities.parquet", lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) < 3).then(None).otherwise(pl.col("human_readable_id")).alias("human_readable_id"))),
         ["entities.parquet", "'human_readable_id'"],
