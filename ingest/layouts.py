@@ -72,7 +72,20 @@ def detect_layout(src: str | Path) -> SourceIndex:
     raise IngestError(
         f"{root}: no GraphRAG index found: missing entities.parquet (graphrag >= 2) or "
         f"create_final_entities.parquet (graphrag 0.4-1.x); parquet files present: {parquet or 'none'}"
+        + _timestamped_runs_hint(root)
     )
+
+
+def _timestamped_runs_hint(root: Path) -> str:
+    """graphrag <= 0.4 wrote each run to output/<timestamp>/artifacts: name those runs, newest first,
+    for the user to choose (the newest may be one that was interrupted)."""
+    runs = [p.parent for pattern in ("*/artifacts", "output/*/artifacts") for p in root.glob(pattern)
+            if (p / "create_final_entities.parquet").exists()]
+    if not runs:
+        return ""
+    runs.sort(key=lambda run: run.name, reverse=True)
+    shown = ", ".join(str(run / "artifacts") for run in runs[:3])
+    return f"; graphrag 0.4 runs found, pass one of: {shown}{', ...' if len(runs) > 3 else ''}"
 
 
 def _existing(folder: Path, stems: dict[str, str]) -> dict[str, Path]:

@@ -572,6 +572,20 @@ def test_not_a_graphrag_folder(tmp_path):
         ingest.ingest(tmp_path, str(tmp_path / "db"), progress=False)
 
 
+def test_graphrag_0_4_project_folder_names_its_timestamped_runs(carol_dir, tmp_path, capsys):
+    """graphrag <= 0.4 wrote every run to output/<timestamp>/artifacts (and its own query command
+    finds them from the project folder); pointed at the project or output/, the error said only
+    "parquet files present: none"."""
+    for run in ("20241010-101010", "20241011-090000"):
+        shutil.copytree(carol_dir, tmp_path / "project" / "output" / run / "artifacts")
+    for folder in (tmp_path / "project", tmp_path / "project" / "output"):
+        assert cli_main(["ingest", str(folder), "--db", str(tmp_path / "db"), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        newest, older = (str(tmp_path / "project" / "output" / run / "artifacts") for run in ("20241011-090000", "20241010-101010"))
+        assert f"graphrag 0.4 runs found, pass one of: {newest}, {older}" in err, err
+    assert not (tmp_path / "db").exists()
+
+
 # --------------------------------------------------------------------------- atomicity
 
 
