@@ -254,7 +254,14 @@ def align(found: FoundVectors, ids: Sequence[str], table: str) -> np.ndarray:
     position: dict[str, int] = {}
     for i, key in enumerate(found.ids):
         if key in position:
-            raise IngestError(f"{found.origin}: duplicate vector id {key!r}")
+            # graphrag 1.x/2.x re-runs with `overwrite: false` append every vector again: the same
+            # vector twice is harmless, two different ones leave no way to choose.
+            if np.array_equal(found.matrix[position[key]], found.matrix[i]):
+                continue
+            raise IngestError(
+                f"{found.origin}: id {key!r} has two different vectors (a graphrag run appended to its "
+                "vector store?); rerun with --reembed to compute all vectors with the configured embedder"
+            )
         position[key] = i
     rows = np.fromiter((position.get(k, -1) for k in ids), dtype=np.int64, count=len(ids))
     missing = np.flatnonzero(rows < 0)

@@ -1093,3 +1093,16 @@ async def test_recorded_embedding_model_must_fit_the_vectors(dulce_dir, tmp_path
                                           r"'text-embedding-3-small' makes at most 1536-d"):
         await ingest.run_ingest(dulce_dir, str(tmp_path / "db"), embedding_model="text-embedding-3-small", progress=False)
     assert not (tmp_path / "db").exists()
+
+
+def test_a_vector_store_holding_an_id_twice_is_used_when_both_vectors_agree():
+    """graphrag re-runs with `overwrite: false` append every vector again under the same id."""
+    from ingest.embeddings import FoundVectors, align
+
+    matrix = np.eye(3, dtype=np.float32)
+    found = FoundVectors(["a", "b", "a"], matrix[[0, 1, 0]], "lancedb", "vectors.lance")
+    assert np.array_equal(align(found, ["b", "a"], "entities"), matrix[[1, 0]])
+
+    clash = FoundVectors(["a", "b", "a"], matrix, "lancedb", "vectors.lance")
+    with pytest.raises(IngestError, match=r"vectors.lance: id 'a' has two different vectors.*--reembed"):
+        align(clash, ["a", "b"], "entities")
