@@ -1000,6 +1000,72 @@ def test_shutdown_cancels_searches_still_running_after_grace(service_settings, l
     assert results["stream"][-1] == ("error", {"error": {"code": "cancelled", "message": "search cancelled: server shutting down", "field": None}})
 
 
+
+class _FloodThenHangModel:
+    """Answers like the DRIFT scripted model, but its streamed answer sends `chunks` deltas of
+    1 MB and then never ends: more than the socket buffers hold of a client that does not read."""
+
+    def __init__(self, chunks: int = 12):
+        self.inner = scripted_drift_model()
+        self.model_id = self.inner.model_id
+        self.chunks = chunks
+        self.flooded = threading.Event()
+
+    async def complete(self, messages, *, params=None, response_model=None):
+        return await self.inner.complete(messages, params=params, response_model=response_model)
+
+    def stream(self, messages, *, params=None):
+        from drift_lance.models.base import GeneratorStream
+
+        model = self
+
+        class Flood(GeneratorStream):
+            async def _run(self):
+                for i in range(model.chunks):
+                    yield f"{i}" + "x" * 1_000_000
+                model.flooded.set()
+                await asyncio.Event().wait()
+
+        return Flood()
+
+
+@pytest.mark.parametrize("signals", [1, 2], ids=["SIGTERM", "Ctrl-C twice"])
+def test_shutdown_drops_a_stream_whose_client_stopped_reading_without_a_traceback(service_settings, live_server, signals):
+    """A stream whose client stopped reading (a vanished host, a stuck proxy) blocks its writes on
+    the full socket. Shutdown cancels its search, then gives up on the connection: left to uvicorn,
+    the request task was cancelled at the grace deadline with an "Exception in ASGI application"
+    traceback and "timeout graceful shutdown exceeded"."""
+    import socket
+
+    import signal
+
+    model = _FloodThenHangModel()
+    # Ctrl-C twice: the grace period is not waited for, so it cannot be what ends the stream
+    srv = start(live_server, service_settings, model, grace=2.0 if signals == 1 else 600.0)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    uvicorn_log.addHandler(handler)
+    port = int(srv.base_url.rsplit(":", 1)[1])
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        client.connect(("127.0.0.1", port))
+        body = json.dumps({"query": "who is involved?", "method": "local"}).encode()
+        client.sendall(b"POST /v1/search/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # and never reads
+        assert model.flooded.wait(30), "the model did not stream its answer"
+        for _ in range(signals):
+            srv.server.handle_exit(signal.SIGINT if signals == 2 else signal.SIGTERM, None)
+        srv.thread.join(60)
+    finally:
+        uvicorn_log.removeHandler(handler)
+        client.close()
+    assert not srv.thread.is_alive()
+    assert [r.getMessage() for r in records if r.levelno >= logging.ERROR] == []
+
+
 # ---------------------------------------------------------------------------------------- fuzzing
 
 

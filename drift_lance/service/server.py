@@ -103,7 +103,8 @@ class ServiceServer(uvicorn.Server):
     period ends: each request then still answers (503 `cancelled` in the JSON error shape, or the
     stream's final `error` event). Left to uvicorn, the request tasks themselves are cancelled at
     the deadline: a plain-text 500, or a stream cut off without its final event. A second Ctrl-C
-    (uvicorn's force exit) cancels them at once, the same way; a third forces the exit."""
+    (uvicorn's force exit) cancels them at once, the same way; a third forces the exit. Either way,
+    a connection whose client is not reading what it was sent is then closed (see `_end_requests`)."""
 
     _loop: asyncio.AbstractEventLoop | None = None
     _cancelled_early = False
@@ -120,7 +121,7 @@ class ServiceServer(uvicorn.Server):
             # instead of uvicorn dropping them mid-response with tracebacks.
             self._cancelled_early = True
             log.warning("second interrupt: cancelling the searches still running (again to force the exit)")
-            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(state.slots.cancel_all()))
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(_end_requests(self, state, _ANSWER_MARGIN_S / 2)))
             return
         super().handle_exit(sig, frame)
 
@@ -129,7 +130,7 @@ class ServiceServer(uvicorn.Server):
         grace = self.config.timeout_graceful_shutdown
         canceller = None
         if state is not None and grace is not None:
-            canceller = asyncio.create_task(_cancel_searches_after(state, _cancel_at(grace)))
+            canceller = asyncio.create_task(_cancel_searches_after(self, state, _cancel_at(grace)))
         try:
             await super().shutdown(sockets)
         finally:
@@ -151,11 +152,31 @@ def _cancel_at(grace: float) -> float:
     return grace - _ANSWER_MARGIN_S if grace >= 2 * _ANSWER_MARGIN_S else grace / 2
 
 
-async def _cancel_searches_after(state: Any, delay: float) -> None:
+async def _cancel_searches_after(server: uvicorn.Server, state: Any, delay: float) -> None:
     await asyncio.sleep(delay)
     if state.slots.tasks:
         log.warning("shutdown: cancelling %d search(es) or reload(s) still running after the grace period", len(state.slots.tasks))
+    grace = server.config.timeout_graceful_shutdown or 0.0
+    await _end_requests(server, state, (grace - delay) / 2)
+
+
+async def _end_requests(server: uvicorn.Server, state: Any, unread_after: float) -> None:
+    """Cancel the running searches (each still answers), then, `unread_after` seconds later, close
+    the connections that still have bytes their client has not taken. A stream whose client stopped
+    reading (a vanished host, a stuck proxy) blocks its writes on the full socket: left open, it held
+    the shutdown to uvicorn's deadline, which then cancelled it with a traceback."""
     await state.slots.cancel_all()
+    await asyncio.sleep(unread_after)
+    _close_unread_connections(server)
+
+
+def _close_unread_connections(server: uvicorn.Server) -> None:
+    unread = [c for c in list(server.server_state.connections)
+              if getattr(c, "transport", None) is not None and c.transport.get_write_buffer_size() > 0]
+    if unread:
+        log.warning("shutdown: closing %d connection(s) whose client is not reading its response", len(unread))
+    for connection in unread:
+        connection.transport.abort()  # uvicorn then sees a disconnect: the request ends without an error
 
 
 def listen_sockets(host: str, port: int) -> list[socket.socket]:
