@@ -738,6 +738,49 @@ async def test_a_streamed_search_frees_its_slot_before_the_client_sees_the_strea
     assert released == [True]  # and released once
 
 
+
+async def test_a_stream_whose_client_left_stops_without_sending_its_backlog():
+    """Events a slow client had not taken yet are not written once it has gone, and its search is
+    cancelled at once: the stream wrote every queued event to the dead connection first (100k
+    answer tokens: seconds of the server's CPU, with the search and its model calls still running,
+    and past the shutdown deadline when that was what closed the connection)."""
+    from drift_lance.service.errors import ApiError
+    from drift_lance.service.events import TokenEvent, search_event
+    from drift_lance.service.sse import SearchEventStream
+
+    backlog = asyncio.Event()
+    cancelled = []
+
+    async def run(sink):
+        for i in range(1000):
+            sink(search_event(TokenEvent(text=f"t{i} ")))
+        backlog.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    stream = SearchEventStream(
+        run, timeout=30, keepalive=30, map_error=lambda exc: ApiError(500, "internal", str(exc)),
+        on_finish=lambda: None, track=lambda task: None,
+    )
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+        if len(sent) == 1:
+            await backlog.wait()  # the client reads nothing while the backlog builds up
+
+    async def receive():
+        await backlog.wait()
+        return {"type": "http.disconnect"}
+
+    await stream({"type": "http"}, receive, send)
+    assert cancelled == [True]
+    assert len(sent) < 10, f"{len(sent)} messages written after the client had gone"
+
+
 def test_client_disconnect_cancels_blocking_search_and_its_llm_calls(service_settings, live_server):
     model = GatedChatModel()
     srv = start(live_server, service_settings, model)

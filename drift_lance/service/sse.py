@@ -123,14 +123,15 @@ class SearchEventStream:
             getter = asyncio.ensure_future(queue.get())
             wait_for = min(self._keepalive, max(0.0, deadline - loop.time()))
             done, _ = await asyncio.wait({getter, search, gone}, timeout=wait_for, return_when=asyncio.FIRST_COMPLETED)
+            if gone in done:  # before the queue: events a departed client had not taken go nowhere
+                getter.cancel()
+                log.info("client disconnected; cancelling its search")
+                return
             if getter in done:
                 event = getter.result()
                 await emit(event.event, event.data)
                 continue
             getter.cancel()
-            if gone in done:
-                log.info("client disconnected; cancelling its search")
-                return
             if search in done:
                 break
             if loop.time() >= deadline:
@@ -143,7 +144,7 @@ class SearchEventStream:
         # The search finished: its slot is free before the client can see the stream end. Then flush
         # the events it queued, and the final event.
         release()
-        while not queue.empty():
+        while not queue.empty() and not gone.done():
             event = queue.get_nowait()
             await emit(event.event, event.data)
         if search.cancelled():  # e.g. the server is shutting down past its grace period
