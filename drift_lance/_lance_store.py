@@ -501,7 +501,11 @@ class LanceStore:
 
     async def generations(self) -> list[int]:
         """Generations of every complete manifest in the database (this store pins one of them)."""
-        return [m.generation for m in await read_manifests(self._db, self.uri)]
+        return [m.generation for m in await self.manifests()]
+
+    async def manifests(self) -> list[Manifest]:
+        """Every complete manifest in the database, oldest generation first."""
+        return await read_manifests(self._db, self.uri)
 
     async def indexes(self, table: str) -> dict[str, str]:
         """Index type per indexed column of the pinned table version, e.g. {"id": "BTree", "vector": "IvfHnswSq"}."""

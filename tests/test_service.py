@@ -485,6 +485,42 @@ def test_a_search_on_a_generation_deleted_by_cleanup_switches_and_answers_503(tm
         assert client.post("/v1/search", json=query).status_code == 200
 
 
+
+@pytest.mark.parametrize("ingests", [1, 2], ids=["same generation number", "lower generation number"])
+def test_a_database_deleted_and_ingested_anew_is_switched_to(tmp_path, service_settings, live_server, ingests):
+    """The database deleted and ingested again from scratch while served: its generations start
+    again at 1. The replica switches to it, instead of keeping the generation it had (the newest
+    was not newer), which answered searches from its caches or 503 `generation_gone` ("retry")
+    for ever."""
+    import shutil
+    from datetime import UTC, datetime
+
+    import ingest
+    from drift_lance.testing import HashEmbedder
+
+    srv, source, db = serve_own_sample_index(
+        tmp_path, service_settings, live_server, {"store.table_cache_bytes": 0, "store.vector_cache_bytes": 0}
+    )
+    query = {"query": "Who leads the squad?", "method": "local"}
+    with srv.client() as client:
+        for _ in range(ingests - 1):  # the replica serves generation `ingests`
+            ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
+        assert client.post("/v1/admin/reload").json()["generation"] == ingests
+        served_at = client.get("/v1/index").json()["ingested_at"]
+        while datetime.now(UTC).isoformat(timespec="seconds") == served_at:
+            time.sleep(0.05)  # ingested_at has whole seconds: anew within the same one cannot be told apart
+        shutil.rmtree(db)
+        ingest.ingest(source, str(db), embedder=HashEmbedder(64), progress=False)
+        search = client.post("/v1/search", json=query)
+        reload = client.post("/v1/admin/reload")
+        assert reload.status_code == 200, reload.text
+        index = client.get("/v1/index").json()
+        assert index["generation"] == 1 and index["ingested_at"] != served_at
+        assert client.post("/v1/search", json=query).status_code == 200
+    # the search that found its generation gone said so (or was answered): never a retry on the old one
+    assert search.status_code == 200 or "now serving generation 1" in _error(search)["message"]
+
+
 @pytest.mark.parametrize("method", ["drift", "local"])
 def test_a_search_without_context_leaves_out_the_context_tables(service_settings, live_server, method):
     srv = start(live_server, service_settings, scripted_drift_model())

@@ -26,7 +26,7 @@ from drift_lance.models.base import ChatModel, Embedder, aclose_models
 from drift_lance.service.backend import EventSink, Method, Readiness
 from drift_lance.service.errors import ApiError
 from drift_lance.service.events import ActionEvent, PrimerEvent, TokenEvent, search_event
-from drift_lance.service.generations import ReloadResult, ServingStores
+from drift_lance.service.generations import ReloadResult, ServingStores, same_manifest
 from drift_lance.store import IndexStore, Manifest
 
 
@@ -164,11 +164,12 @@ class EngineBackend:
 
     async def _raise_if_generation_gone(self, store: IndexStore, exc: Exception) -> None:
         """A search that failed because a later ingest's cleanup deleted the generation it ran on
-        (a replica that had not reloaded for longer than ingest.keep_replaced_seconds): switch to the
-        newest generation now and answer 503, so the client's retry runs on data that exists."""
+        (a replica that had not reloaded for longer than ingest.keep_replaced_seconds), or because
+        the database was deleted and ingested anew: switch to the newest generation now and answer
+        503, so the client's retry runs on data that exists."""
         served = store.manifest.generation
         try:
-            gone = served not in await store.generations()
+            gone = not any(same_manifest(m, store.manifest) for m in await store.manifests())
         except Exception:  # noqa: BLE001 - the manifest table unreadable too: report the search's own error
             return
         if not gone:

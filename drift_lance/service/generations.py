@@ -103,10 +103,13 @@ class ServingStores:
             if current is None:
                 raise RuntimeError("no store open (start() not called or already closed)")
             before = current.manifest.generation
-            newest = max(await current.generations(), default=before)
-            if newest <= before:
+            manifests = await current.manifests()
+            newest = manifests[-1].generation if manifests else before
+            anew = ingested_anew(current.manifest, manifests)
+            if newest <= before and not anew:
                 return ReloadResult(before, before, newest)
-            fresh = await self._open(newest, current)
+            # A database ingested anew shares no file with the served one: no cache entry to hand on.
+            fresh = await self._open(newest, None if anew else current)
             try:
                 await _open_every_table(fresh)
             except BaseException:
@@ -114,7 +117,8 @@ class ServingStores:
                 raise
             self._current = fresh
             await self._retire(current)
-            log.info("%s: switched from generation %d to %d", fresh.uri, before, newest)
+            log.info("%s: switched from generation %d to %d%s", fresh.uri, before, newest,
+                     " (the database was ingested anew)" if anew else "")
             return ReloadResult(before, newest, newest)
 
     async def run_periodic(self, interval: float) -> None:
@@ -142,6 +146,25 @@ class ServingStores:
         for store in stores:
             if store is not None:
                 await _close_quietly(store)
+
+
+def ingested_anew(served: Any, manifests: list[Any]) -> bool:
+    """Whether the database was deleted and ingested again from scratch since the `served` manifest
+    was opened: its generations start again at 1, so the newest is not newer than the served one.
+    Told by the served generation being listed with another manifest, or missing while only older
+    ones are listed. (A served generation that a later ingest's cleanup deleted has newer ones.)"""
+    if not manifests:  # deleted and not ingested yet: nothing to switch to
+        return False
+    listed = next((m for m in manifests if m.generation == served.generation), None)
+    if listed is None:
+        return manifests[-1].generation < served.generation
+    return not same_manifest(listed, served)
+
+
+def same_manifest(a: Any, b: Any) -> bool:
+    """The same ingest: generation, time and pinned table versions (ingested_at has whole seconds)."""
+    return (a.generation, a.ingested_at, {t: i.version for t, i in a.tables.items()}) == (
+        b.generation, b.ingested_at, {t: i.version for t, i in b.tables.items()})
 
 
 async def _open_every_table(store: Any) -> None:
