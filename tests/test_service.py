@@ -841,17 +841,22 @@ def test_client_disconnect_cancels_streamed_search(service_settings, live_server
     assert model.wait_cancelled(), "the streamed search's model call was not cancelled"
 
 
-def test_search_timeout_is_504_and_cancels_the_calls(service_settings, live_server):
+def test_search_timeout_is_504_and_cancels_the_calls(service_settings, live_server, caplog):
+    """A search past its timeout is cancelled and answers 504, and the server log says so under the
+    request's id (a hung model left no line at all: the operator could not tell a 504 from a client's
+    own timeout)."""
     settings = service_settings.with_updates({"service.search_timeout_seconds": 0.5})
     model = GatedChatModel()
     srv = start(live_server, settings, model)
-    with srv.client() as client:
-        blocking = client.post("/v1/search", json={"query": "slow"})
-        with client.stream("POST", "/v1/search/stream", json={"query": "slow"}) as r:
+    with srv.client() as client, caplog.at_level(logging.WARNING, logger="drift_lance.service"):
+        blocking = client.post("/v1/search", json={"query": "slow"}, headers={"X-Request-ID": "slow-1"})
+        with client.stream("POST", "/v1/search/stream", json={"query": "slow"}, headers={"X-Request-ID": "slow-2"}) as r:
             events = read_sse(r)
     assert blocking.status_code == 504 and _error(blocking)["code"] == "timeout"
     assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "timeout"
     assert model.wait_cancelled()
+    timed_out = [r.request_id for r in caplog.records if r.getMessage().startswith("search timed out after 0.5s")]
+    assert timed_out == ["slow-1", "slow-2"]
 
 
 def test_a_stuck_follow_up_does_not_cost_the_answer(service_settings, live_server):

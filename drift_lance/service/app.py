@@ -424,6 +424,7 @@ async def _await_unless_disconnected(task: asyncio.Task, request: Request, timeo
         if gone in done:
             log.info("client disconnected; cancelling its search")
             raise ApiError(499, "client_closed", "client closed the connection")
+        log.warning("search timed out after %gs; cancelling it and its model calls", timeout)
         raise ApiError(504, "timeout", f"search exceeded {timeout:g}s")
     finally:
         gone.cancel()

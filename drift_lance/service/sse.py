@@ -135,6 +135,7 @@ class SearchEventStream:
             if search in done:
                 break
             if loop.time() >= deadline:
+                log.warning("search timed out after %gs; cancelling it and its model calls", self._timeout)
                 err = ApiError(504, "timeout", f"search exceeded {self._timeout:g}s")
                 await emit("error", err.payload())
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
