@@ -462,6 +462,32 @@ def test_a_replica_started_on_a_newest_generation_with_a_missing_file_serves_the
         assert client.post("/v1/admin/reload").json()["switched"] is True
 
 
+
+def test_a_replica_whose_start_could_not_read_the_index_turns_ready_once_it_can(tmp_path, service_settings, live_server):
+    """Started while its only generation lacks a file (a bucket still being copied, a store that did
+    not answer): /readyz says failed and why, and once the file is there the start is tried again at
+    the next reload check. It stayed failed until restarted, while /healthz said it was alive."""
+    import ingest
+    from drift_lance.service.engine import EngineBackend
+    from drift_lance.sample.builder import build_sample_index
+    from drift_lance.testing import HashEmbedder
+
+    db = tmp_path / "db"
+    ingest.ingest(build_sample_index(tmp_path / "graphrag"), str(db), embedder=HashEmbedder(64), progress=False)
+    (data_file, *_) = sorted((db / "entities.lance" / "data").iterdir())
+    data_file.rename(tmp_path / "elsewhere")
+    settings = service_settings.with_updates({"db": str(db), "store.reload_interval_seconds": 0.2})
+    backend = EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))
+    srv = live_server(create_app(settings, backend=backend), wait_ready=False)
+    with srv.client() as client:
+        failed = _wait_settled(client)
+        assert failed.status_code == 503 and failed.json()["status"] == "failed"
+        assert "table 'entities'" in failed.json()["detail"]
+        (tmp_path / "elsewhere").rename(data_file)
+        srv.wait_ready(timeout=30)
+        assert client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"}).status_code == 200
+
+
 def test_a_search_on_a_generation_deleted_by_cleanup_switches_and_answers_503(tmp_path, service_settings, live_server):
     """A replica that did not reload while two ingests replaced its generation and the cleanup
     deleted it: the failing search switches the replica to the newest generation and answers 503

@@ -25,7 +25,7 @@ from drift_lance.config.local import LocalSearchConfig
 from drift_lance.config.service import RequestCaps
 from drift_lance.config.settings import Settings
 from drift_lance.drift.result import SearchResult
-from drift_lance.errors import USER_ERRORS, ConfigError, first_cause
+from drift_lance.errors import USER_ERRORS, ConfigError, StoreError, first_cause
 from drift_lance.models.base import ModelError, ModelRequestError, StructuredOutputError
 from drift_lance.models.deadline import LLMTimeoutError
 from drift_lance.service.backend import Method, SearchBackend
@@ -200,13 +200,34 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
 
 
 async def _start_backend(state: _ServiceState) -> None:
-    try:
-        await state.backend.start()
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - reported by /readyz, the server keeps running
-        state.startup_error = " ".join(f"{type(exc).__name__}: {exc}".split())
-        log.error("search backend failed to start: %s", state.startup_error)
+    """Start the backend. A start that failed reading the index (a file of a bucket still being
+    copied, an object store that did not answer) is tried again at every reload check, so the
+    replica turns ready once the index can be read instead of staying failed until restarted; the
+    server's own configuration (prompt files, models, a query embedder that does not fit) is not."""
+    settings = state.settings
+    retry_seconds = settings.store.reload_interval_seconds or settings.service.retry_after_seconds
+    while True:
+        try:
+            await state.backend.start()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported by /readyz, the server keeps running
+            state.startup_error = " ".join(f"{type(exc).__name__}: {exc}".split())
+            if not _is_index_read_failure(exc):
+                log.error("search backend failed to start: %s", state.startup_error)
+                return
+            log.error("search backend failed to start: %s; trying again in %gs", state.startup_error, retry_seconds)
+            await asyncio.sleep(retry_seconds)
+        else:
+            if state.startup_error:
+                log.info("search backend started")
+            state.startup_error = ""
+            return
+
+
+def _is_index_read_failure(exc: BaseException) -> bool:
+    exc = first_cause(exc)
+    return isinstance(exc, StoreError) or _is_store_io_failure(exc)
 
 
 _bearer = HTTPBearer(auto_error=False, description="API key, when the server has one configured")
