@@ -15,7 +15,8 @@ import hashlib
 import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -55,8 +56,16 @@ class ResponseStore:
                 "prompt_tokens INTEGER, output_tokens INTEGER, created REAL)"
             )
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=30)
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection committed and closed on exit. (`with sqlite3.connect(...)` only commits, and
+        a connection sits in a reference cycle: its files stayed open until a garbage collection.)"""
+        db = sqlite3.connect(self.path, timeout=30)
+        try:
+            with db:
+                yield db
+        finally:
+            db.close()
 
     def get(self, key: str) -> tuple[str, Usage] | None:
         with self._connect() as db:
