@@ -3,6 +3,7 @@ backend on a FakeOpenAIServer (127.0.0.1) and the ingested dulce index."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 
@@ -143,6 +144,30 @@ def test_an_empty_or_undecodable_question_is_a_usage_error(server, dulce_db_uri,
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert server.chat_requests == [] and server.embedding_requests == []
+
+
+def _stdin(monkeypatch, data: bytes) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_a_dash_reads_the_question_from_standard_input(server, dulce_db_uri, capsys, monkeypatch):
+    """`echo "..." | drift-lance query -` searched for the question "-"."""
+    _stdin(monkeypatch, f"{QUERY}\n".encode())
+    assert main(["query", "-", "--db", dulce_db_uri, "--json", "--set", "drift_k_followups=1", "--set", "n_depth=1",
+                 "--set", "primer_folds=1"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"]["nodes"][0]["query"] == QUERY
+
+    _stdin(monkeypatch, f"\ufeff{QUERY}\r\n".encode())  # as a Windows editor saves it
+    server.reset_stats()
+    assert main(["context", "-", "--db", dulce_db_uri]) == 0
+    assert server.embedding_requests[0].body["input"] in (QUERY, [QUERY])
+
+
+def test_a_question_on_standard_input_that_is_not_utf8_is_a_usage_error(server, dulce_db_uri, capsys, monkeypatch):
+    _stdin(monkeypatch, b"Who leads \xff?")
+    assert main(["query", "-", "--db", dulce_db_uri]) == 2
+    assert "the question read from standard input is not UTF-8 text" in capsys.readouterr().err
+    assert server.chat_requests == []
 
 
 def test_half_an_escaped_emoji_in_a_models_answer_does_not_fail_the_query(server, dulce_db_uri, capsys):

@@ -126,5 +126,20 @@ def run() -> NoReturn:
     sys.exit(code)
 
 
+STDIN = "-"
+
+
+def question_argument(text: str) -> str:
+    """The QUERY argument, read from standard input when it is `-` (`echo "..." | drift-lance query -`),
+    as `cat -` does: a script's question need not be quoted for the shell or fit on one line."""
+    if text != STDIN:
+        return text
+    data = sys.stdin.buffer.read() if sys.stdin is not None else b""
+    try:
+        return data.decode("utf-8-sig")  # a BOM from a Windows editor is no part of the question
+    except UnicodeDecodeError:
+        raise UsageError("the question read from standard input is not UTF-8 text") from None
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__

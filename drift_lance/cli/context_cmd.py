@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show the local-search context for a query (no chat model call)",
         description="Build graphrag's local-search context for QUERY from an ingested index and print it.",
     )
-    parser.add_argument("query", help="the question")
+    parser.add_argument("query", help='the question; "-" reads it from standard input')
     parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
     parser.add_argument("--query-vector", metavar="FILE", help="query embedding as .npy or a JSON list; skips the embedder")
     parser.add_argument(
@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drift_lance.cli import UsageError
+    from drift_lance.cli import UsageError, question_argument
     from drift_lance.config.settings import Settings
 
     settings = Settings.load(args.config, graphrag=True)
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     overrides = parse_overrides(args.assignments)
     vector = read_query_vector(Path(args.query_vector)) if args.query_vector else None
+    args.query = question_argument(args.query)
     if args.query.strip():  # empty: graphrag's context of the --set include_entity_names only
         args.query = checked_question(args.query)
     from drift_lance.cli.ingest_cmd import parse_storage_options

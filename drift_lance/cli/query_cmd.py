@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run a DRIFT (or local) search on an ingested index and print the answer, then "
         "the LLM calls and tokens per stage (build_context, primer, action, reduce).",
     )
-    parser.add_argument("query", help="the question")
+    parser.add_argument("query", help='the question; "-" reads it from standard input')
     parser.add_argument("--db", metavar="URI", help="LanceDB URI of the ingested index (default: `db` from settings)")
     parser.add_argument("--method", choices=("drift", "local"), default="drift", help="search method (default drift)")
     parser.add_argument(
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drift_lance.cli import UsageError
+    from drift_lance.cli import UsageError, question_argument
     from drift_lance.drift.export import EXPORT_FORMATS
 
     if args.graph_out:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--graph-out {args.graph_out}: unknown extension {suffix!r}; use {', '.join(EXPORT_FORMATS)}")
     if args.stream and args.json:
         raise UsageError("--stream and --json cannot be combined")
-    args.query = checked_question(args.query)
+    args.query = checked_question(question_argument(args.query))
     if args.graph_out:  # before any LLM call is spent
         check_writable_file("--graph-out", Path(args.graph_out))
     settings, search_config = load_query_settings(args)
