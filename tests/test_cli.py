@@ -132,6 +132,15 @@ def test_a_remote_embedder_without_credentials_is_refused_before_any_work(dulce_
     assert not (tmp_path / "db").exists()
 
 
+def test_ingest_draws_no_progress_bar_into_a_log_file(dulce_dir, tmp_path):
+    """Run from a script or CI, ingest's stderr is a file or a pipe: a progress bar there is a
+    string of carriage-return redraws, not a log line."""
+    proc = drift_lance("ingest", str(dulce_dir), "--db", str(tmp_path / "db"), "--embedder", "hash", "--reembed")
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stderr and "embed entities" not in proc.stderr, proc.stderr
+    assert "relationships.parquet" in proc.stderr  # the warnings still come
+
+
 def test_inspect_reads_the_database_from_settings_and_a_closed_pipe_is_quiet(dulce_db_uri):
     """`DRIFT_LANCE_DB` as for query/context/serve; `drift-lance inspect | head -1` prints no error."""
     proc = subprocess.Popen([sys.executable, "-m", "drift_lance", "inspect"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

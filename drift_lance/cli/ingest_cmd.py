@@ -57,7 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="drift-lance settings file (TOML/YAML; default $DRIFT_LANCE_CONFIG): its `ingest`, `models` and "
         "`store` sections apply, flags win",
     )
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false",
+        help="no progress bars (they are only drawn when stderr is a terminal)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -140,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         reembed=args.reembed,
         embedding_model=args.embedding_model,
         storage_options=merge_storage_options(settings.store.storage_options, parse_storage_options(args.storage_options)) or None,
-        progress=args.progress,
+        # A bar redrawn with carriage returns is noise in a log file or a CI job's output.
+        progress=args.progress and sys.stderr.isatty(),
     )
     print_summary(report, sys.stdout)
     return 0
