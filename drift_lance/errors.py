@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class DriftLanceError(Exception):
     """Base class of drift-lance's own errors."""
@@ -26,6 +29,14 @@ class StoreError(DriftLanceError):
 
 # Errors that are the user's to fix: the CLI exits 2 for these, the service answers 4xx.
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, EmbeddingMismatchError, StoreError)
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`"; did you mean 'x'?"` for the candidate closest to a misspelt `word` (or one it abbreviates),
+    or "" when none is close."""
+    candidates = list(candidates)
+    close = [c for c in candidates if word and c.startswith(word)] or difflib.get_close_matches(word, candidates, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def first_cause(exc: BaseException) -> BaseException:

@@ -75,6 +75,29 @@ def test_bad_arguments_exit_2_with_one_error_line():
 
 
 @pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["qeury", "what?"], "drift-lance: error: argument COMMAND: invalid choice: 'qeury' (choose from "),
+        (["qeury", "what?"], "; did you mean 'query'?"),
+        (["query", "what?", "--jsn"], "drift-lance query: error: unrecognized arguments: --jsn; did you mean '--json'?"),
+        (["query", "what?", "--grpah-out=g.html"], "unrecognized arguments: --grpah-out=g.html; did you mean '--graph-out'?"),
+        (["query", "what?", "--method", "drfit"], "invalid choice: 'drfit' (choose from 'drift', 'local'); did you mean 'drift'?"),
+        (["inspect", "--jason"], "drift-lance inspect: error: unrecognized arguments: --jason; did you mean '--json'?"),
+        (["query", "Who", "leads?", "--db", "x"], "unrecognized arguments: leads?; a question of several words must be quoted"),
+    ],
+)
+def test_a_misspelt_command_option_or_choice_names_the_nearest_one(capsys, argv, line):
+    """argparse on Python 3.11 only said "unrecognized arguments: --jsn", as an error of
+    `drift-lance` rather than of the subcommand whose options the user has to look up."""
+    from drift_lance.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert line in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ("serve", "--db", "{missing}"),

@@ -198,6 +198,8 @@ def test_half_an_escaped_emoji_in_a_models_answer_does_not_fail_the_query(server
         (["--graph-out", "graph.png"], "graph.png"),
         (["--method", "local", "--graph-out", "g.json"], "--graph-out needs --method drift"),
         (["--graph-out", "/no/such/dir/g.json"], "no such directory '/no/such/dir'"),
+        (["--method", "local", "--set", "top_k_entitie=3"], "--set top_k_entitie: unknown local setting; did you mean 'top_k_entities'?"),
+        (["--method", "local", "--set", "models.chat_modle=x"], "--set chat_modle: unknown models setting; did you mean 'chat_model'?"),
     ],
 )
 def test_bad_input_exits_2_naming_the_problem(server, dulce_db_uri, capsys, argv, message):

@@ -247,7 +247,7 @@ def test_cli_context_json_matches_reference_records(dulce_db_uri, golden_local_c
 @pytest.mark.parametrize(
     ("argv_tail", "message"),
     [
-        (["--set", "top_k_entitys=3"], "unknown local search setting"),
+        (["--set", "top_k_entitys=3"], "unknown local search setting; did you mean 'top_k_entities'?"),
         (["--set", "community_prop=0.9"], "community_prop"),
         (["--query-vector", "missing.npy"], "no such file"),
         (["--set", "column_delimiter=||"], "column_delimiter: String should have at most 1 character"),

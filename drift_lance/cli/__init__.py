@@ -13,9 +13,9 @@ import importlib
 import logging
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from drift_lance.errors import first_cause
+from drift_lance.errors import did_you_mean, first_cause
 
 # Subcommand modules, in --help order.
 _COMMAND_MODULES = (
@@ -47,10 +47,40 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (no usage dump) and exit 2."""
+    """argparse, but a usage error is one line on stderr (no usage dump) and exit 2, naming the
+    subcommand, with the nearest option or choice for a misspelt one."""
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:  # argparse would report them as the top-level parser's, with no hint
+            parser = self._command_parser(namespace)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{parser._extras_hint(extras)}")
+        return namespace
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            raise argparse.ArgumentError(action, exc.message + did_you_mean(str(value), map(str, action.choices or ()))) from None
+
+    def _command_parser(self, namespace: argparse.Namespace) -> _Parser:
+        """The parser of the subcommand in `namespace` (this parser when there is none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(namespace, action.dest, None), self)
+        return self
+
+    def _extras_hint(self, extras: list[str]) -> str:
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        for extra in extras:
+            if extra.startswith("-") and (hint := did_you_mean(extra.split("=", 1)[0], options)):
+                return hint
+        if any(a.dest == "query" for a in self._positionals._group_actions) and not extras[0].startswith("-"):
+            return "; a question of several words must be quoted"
+        return ""
 
 
 def build_parser() -> argparse.ArgumentParser:

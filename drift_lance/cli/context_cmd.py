@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from drift_lance.errors import checked_question
+from drift_lance.errors import checked_question, did_you_mean
 
 # Settings that only matter for the answer, not for the context.
 _ANSWER_ONLY_KEYS = {"prompt", "completion_model_id", "embedding_model_id", "response_type", "llm_timeout"}
@@ -93,7 +93,8 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE")
         if key not in allowed:
-            raise UsageError(f"--set {key}: unknown local search setting; known: {', '.join(sorted(allowed))}")
+            hint = did_you_mean(key, sorted(allowed))
+            raise UsageError(f"--set {key}: unknown local search setting{hint} (known: {', '.join(sorted(allowed))})")
         field = LocalSearchConfig.model_fields.get("top_k_entities" if key == "top_k_mapped_entities" else key)
         overrides[key] = parse_value(raw, field.annotation if field else None)
     return overrides

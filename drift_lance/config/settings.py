@@ -35,7 +35,7 @@ from drift_lance.config.ingest import IngestConfig, StoreConfig
 from drift_lance.config.local import LOCAL_FILE_KEYS, LOCAL_PROMPT_FIELDS, LocalSearchConfig
 from drift_lance.config.models import ModelSettings
 from drift_lance.config.service import ServiceConfig
-from drift_lance.errors import ConfigError
+from drift_lance.errors import ConfigError, did_you_mean
 
 ENV_PREFIX = "DRIFT_LANCE_"
 CONFIG_FILE_ENV = "DRIFT_LANCE_CONFIG"
@@ -138,8 +138,22 @@ def parse_assignments(assignments: Iterable[str], *, section: str | None = None)
             raise ConfigError(f"--set {item!r}: expected key=value")
         if "." not in key and section is not None:
             key = f"{section}.{key}"
+        _check_known_key(key)
         updates[key] = parse_value(raw, _annotation_of(key))
     return updates
+
+
+def _check_known_key(dotted: str) -> None:
+    """ConfigError naming a `--set` key that is no settings field, with the nearest field's name."""
+    model: Any = Settings
+    for name in dotted.split("."):
+        fields = getattr(model, "model_fields", None)
+        if fields is None:  # below a plain value (a dict setting): validation checks the rest
+            return
+        if name not in fields:
+            where = dotted.rsplit(".", 1)[0] + " " if "." in dotted else ""
+            raise ConfigError(f"--set {name}: unknown {where}setting{did_you_mean(name, fields)}")
+        model = fields[name].annotation
 
 
 def parse_value(raw: str, annotation: Any = None) -> Any:
