@@ -191,8 +191,11 @@ def test_inspect_reports_an_nprobes_above_the_partition_count_as_clamped(dulce_d
     assert "store.search.nprobes 999 is more than the index's 3 partitions, so all are probed" in line
 
 
-def test_verbose_shows_the_traceback(tmp_path):
-    proc = drift_lance("--verbose", "serve", "--db", str(tmp_path / "no-such-db"))
+# `-v` at the end, where a user who just saw a one-line error adds it, was an unrecognized argument.
+@pytest.mark.parametrize("where", ["before the command", "after it"])
+def test_verbose_shows_the_traceback(tmp_path, where):
+    args = ["serve", "--db", str(tmp_path / "no-such-db")]
+    proc = drift_lance(*(["--verbose", *args] if where == "before the command" else [*args, "-v"]))
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr and "StoreError" in proc.stderr
 

@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not present in this build
             raise
         module.register(sub)
+    for command_parser in sub.choices.values():
+        # also after the command (`drift-lance query ... -v`); SUPPRESS keeps a `-v` given before it
+        command_parser.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
+                                    help="show tracebacks and debug logs")
     return parser
 
 
