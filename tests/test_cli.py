@@ -176,6 +176,30 @@ def test_inspect_reads_the_database_from_settings_and_a_closed_pipe_is_quiet(dul
     assert proc.returncode == 0 and f"database   {dulce_db_uri}" in proc.stdout
 
 
+def test_an_answer_on_a_stdout_that_is_not_utf8_is_printed_not_lost(dulce_db_uri):
+    """With a latin-1 locale (or a Windows code page) an answer with "—" or "日本" failed with
+    UnicodeEncodeError, exit 1, after every LLM call of the search had been paid for; `--json` and
+    `context --json` too. Text now gets \\u escapes and JSON is the same JSON, in ASCII."""
+    import json
+
+    from drift_lance.testing import FakeOpenAIServer
+
+    answer = "Alex Mercer — “leads” the mission 日本 🚀."
+    with FakeOpenAIServer(embedding_dim=3072, default_text=answer) as server:
+        env = cli_env(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="sk-test", DRIFT_LANCE_MAX_RETRIES="0",
+                      PYTHONIOENCODING="latin-1")
+        query = ["query", "Who leads?", "--db", dulce_db_uri, "--method", "local"]
+        proc = drift_lance(*query, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("Alex Mercer \\u2014 \\u201cleads\\u201d the mission \\u65e5\\u672c \\U0001f680.")
+        proc = drift_lance(*query, "--json", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["response"] == answer
+        proc = drift_lance("context", "Who leads?", "--db", dulce_db_uri, "--json", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "’" in json.loads(proc.stdout)["context_text"]  # the dulce reports' apostrophes
+
+
 def test_inspect_reports_an_nprobes_above_the_partition_count_as_clamped(dulce_dir, tmp_path):
     import asyncio
 

@@ -8,8 +8,10 @@ exit 2 with one line on stderr; runtime failures exit 1; tracebacks only with --
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import importlib
+import json
 import logging
 import os
 import sys
@@ -106,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _replace_unencodable_output()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -158,6 +161,30 @@ def run() -> NoReturn:
             sys.exit(code)
         os._exit(code)
     sys.exit(code)
+
+
+def _replace_unencodable_output() -> None:
+    """On a terminal or pipe whose encoding is not UTF-8 (a latin-1 locale, a Windows code page), a
+    character it cannot encode is written as a `\\u2014` escape: an answer must not fail with
+    UnicodeEncodeError after every LLM call of its search has been paid for."""
+    for stream in (sys.stdout, sys.stderr):
+        if not stdout_is_utf8(stream) and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def stdout_is_utf8(stream: Any = None) -> bool:
+    stream = sys.stdout if stream is None else stream
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
+
+
+def json_text(value: Any, **options: Any) -> str:
+    """`value` as indented JSON for stdout: characters as they are on a UTF-8 stdout, else `\\u`
+    escapes, so the output is the same valid JSON whatever the locale's encoding."""
+    return json.dumps(value, ensure_ascii=not stdout_is_utf8(), indent=2, **options)
 
 
 STDIN = "-"

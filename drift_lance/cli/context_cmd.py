@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drift_lance.cli import UsageError, question_argument
+    from drift_lance.cli import UsageError, json_text, question_argument
     from drift_lance.config.settings import Settings
 
     settings = Settings.load(args.config, graphrag=True)
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     storage_options = parse_storage_options(args.storage_options)
     context = asyncio.run(_build(db, args.query, vector, settings, overrides, storage_options))
     if args.json:
-        print(json.dumps(context.to_json(), ensure_ascii=False, indent=2))
+        print(json_text(context.to_json()))
     else:
         print(context.context_text)
         summary = ", ".join(f"{name}: {len(frame)}" for name, frame in context.records.items())

@@ -66,7 +66,7 @@ def _clamp_note(info: Any, tuning: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drift_lance.cli import UsageError
+    from drift_lance.cli import UsageError, json_text
     from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.config.settings import Settings
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     info = asyncio.run(describe(settings.db, parse_storage_options(args.storage_options), settings.store))
     if args.json:
-        print(json.dumps(info, indent=2, ensure_ascii=False))
+        print(json_text(info))
         return 0
     m = info["manifest"]
     out = sys.stdout

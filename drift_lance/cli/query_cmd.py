@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drift_lance.cli import UsageError, question_argument
+    from drift_lance.cli import UsageError, json_text, question_argument
     from drift_lance.drift.export import EXPORT_FORMATS
 
     if args.graph_out:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     result = asyncio.run(_search(args, settings, search_config, db))
     if args.json:
-        print(json.dumps(result.model_dump(mode="json"), ensure_ascii=False, indent=2, allow_nan=False))
+        print(json_text(result.model_dump(mode="json"), allow_nan=False))
     else:
         print_stats(result, sys.stdout)
     if args.graph_out and result.state is not None:
