@@ -269,6 +269,44 @@ def test_serve_runs_the_service_until_sigterm(service_db):
     assert "Application shutdown complete" in stderr
 
 
+def _serve_startup_log(service_db: Path, terminal: str, **env: str) -> str:
+    """What `drift-lance serve` writes to stderr up to "Application startup complete", with a
+    pseudo-terminal as its `terminal` ("stdout" or "stderr") and a pipe for the other stream."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    pipe_r, pipe_w = os.pipe()
+    stdout, stderr = (slave, pipe_w) if terminal == "stdout" else (pipe_w, slave)
+    env = cli_env(DRIFT_LANCE_CHAT_BACKEND="openai", DRIFT_LANCE_BASE_URL="http://127.0.0.1:9/v1",
+                  OPENAI_API_KEY="sk-unused", DRIFT_LANCE_EMBEDDING_BACKEND="hash", **env)
+    proc = subprocess.Popen([sys.executable, "-m", "drift_lance", "serve", "--db", str(service_db), "--port", "0"],
+                            env=env, cwd=REPO, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+    os.close(slave), os.close(pipe_w)
+    log_fd = master if terminal == "stderr" else pipe_r
+    log = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"Application startup complete" not in log and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([log_fd], [], [], 0.5)[0]:
+                log += os.read(log_fd, 65536)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        os.close(master), os.close(pipe_r)
+    assert b"Application startup complete" in log, log
+    return log.decode()
+
+
+def test_serve_writes_no_colour_codes_into_a_log_file_or_under_no_color(service_db):
+    """uvicorn coloured its log lines when stdout was a terminal, although it writes them to stderr:
+    `drift-lance serve 2>server.log` from a terminal filled the log with escape codes. NO_COLOR
+    (no-color.org) was not honoured either."""
+    assert "\x1b[" not in _serve_startup_log(service_db, "stdout")
+    assert "\x1b[" not in _serve_startup_log(service_db, "stderr", NO_COLOR="1")
+    assert "\x1b[" in _serve_startup_log(service_db, "stderr")  # a terminal still gets its colours
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "192.0.2.1"])  # 192.0.2.1: TEST-NET, no interface of this machine
 def test_serve_on_an_unusable_address_is_one_line_and_exit_2(service_db, host):
     with socket.socket() as taken:

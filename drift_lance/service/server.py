@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
+import sys
 from types import FrameType
 from typing import Any
 
@@ -32,6 +34,7 @@ def build_server(settings: Settings, *, app: FastAPI | None = None, backend: Sea
         port=cfg.port,
         timeout_graceful_shutdown=cfg.shutdown_grace_seconds,
         log_level="info",
+        use_colors=_log_colours(),
         access_log=False,
         # Clients' requests must be bounded too: headers and idle keep-alive connections.
         timeout_keep_alive=5,
@@ -39,6 +42,13 @@ def build_server(settings: Settings, *, app: FastAPI | None = None, backend: Sea
         http=_service_protocol(cfg.request_read_timeout_seconds),
     )
     return ServiceServer(config)
+
+
+def _log_colours() -> bool:
+    """Colour uvicorn's log lines only on a terminal, and not under NO_COLOR (no-color.org). uvicorn's
+    own choice looks at stdout while it writes to stderr: `serve 2>server.log` from a terminal filled
+    the log with escape codes."""
+    return sys.stderr.isatty() and not os.environ.get("NO_COLOR")
 
 
 def _service_protocol(seconds: float) -> type:
