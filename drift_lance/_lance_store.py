@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import math
+import shlex
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -611,10 +612,10 @@ def _ingest_hint(uri: str) -> str:
     it is ingest's SRC, and the database goes next to it, not into it."""
     folder = Path(uri).expanduser()
     if "://" in uri or not any(folder.glob("*.parquet")):
-        return f"run `drift-lance ingest SRC --db {uri}`"
+        return f"run `drift-lance ingest SRC --db {shlex.quote(uri)}`"
     database = folder.resolve().with_name(f"{folder.resolve().name}.lancedb")
     return (f"it holds GraphRAG output (parquet files), not a drift-lance database: run "
-            f"`drift-lance ingest {uri} --db {database}`, then use --db {database}")
+            f"`drift-lance ingest {shlex.quote(uri)} --db {shlex.quote(str(database))}`, then use --db {shlex.quote(str(database))}")
 
 
 async def open_store(
@@ -635,7 +636,7 @@ async def open_store(
     config = config or StoreConfig()
     check_not_a_file(uri)
     if "://" not in uri and not Path(uri).expanduser().exists():  # local default: say so plainly
-        raise StoreError(f"{uri}: no database at this path; run `drift-lance ingest SRC --db {uri}` first")
+        raise StoreError(f"{uri}: no database at this path; run `drift-lance ingest SRC --db {shlex.quote(uri)}` first")
     options = resolve_storage_options(uri, merge_storage_options(config.storage_options, storage_options))
     if session is None:
         session = lancedb.Session(

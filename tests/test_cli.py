@@ -176,6 +176,14 @@ def test_inspect_reads_the_database_from_settings_and_a_closed_pipe_is_quiet(dul
     assert proc.returncode == 0 and f"database   {dulce_db_uri}" in proc.stdout
 
 
+def test_a_closed_standard_output_is_refused_before_any_work(dulce_db_uri):
+    """`drift-lance query ... >&-`: the result has nowhere to go, so say so before paying for a
+    search (it used to end in an AttributeError traceback after the work)."""
+    closed = ["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "drift_lance", "inspect", "--db", dulce_db_uri]
+    proc = subprocess.run(closed, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=REPO, stdin=subprocess.DEVNULL, timeout=120)
+    assert_one_line_error(proc, "drift-lance inspect: error: standard output is closed")
+
+
 def test_an_answer_on_a_stdout_that_is_not_utf8_is_printed_not_lost(dulce_db_uri):
     """With a latin-1 locale (or a Windows code page) an answer with "—" or "日本" failed with
     UnicodeEncodeError, exit 1, after every LLM call of the search had been paid for; `--json` and

@@ -26,6 +26,13 @@ async def test_open_store_without_database_names_uri(tmp_path):
         await open_store(str(tmp_path / "nothing"))
 
 
+async def test_the_suggested_ingest_command_can_be_pasted_into_a_shell(tmp_path):
+    missing = tmp_path / "my index"
+    with pytest.raises(StoreError) as info:
+        await open_store(str(missing))
+    assert f"run `drift-lance ingest SRC --db '{missing}'` first" in str(info.value)
+
+
 async def test_open_store_without_complete_ingest(tmp_path):
     db = await lancedb.connect_async(str(tmp_path / "db"))
     await db.create_table("entities", data=[{"id": "a"}])  # tables but no manifest: a killed first ingest

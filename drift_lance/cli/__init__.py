@@ -114,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if sys.stdout is None and args.command in _READ_ONLY_COMMANDS:  # `>&-`: say so before paying for a search
+        print(f"drift-lance {args.command}: error: standard output is closed; there is nowhere to write the result",
+              file=sys.stderr)
+        return EXIT_USAGE
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -155,8 +159,9 @@ def run() -> NoReturn:
     if command in _READ_ONLY_COMMANDS:
         try:
             logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None:  # None: closed when the process started (`>&-`)
+                    stream.flush()
         except (OSError, ValueError):  # closed or broken pipe: let the normal exit report it
             sys.exit(code)
         os._exit(code)
