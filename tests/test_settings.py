@@ -148,6 +148,15 @@ def test_parse_assignments():
         parse_assignments(["n_depth"])
 
 
+def test_a_set_key_may_be_graphrags_name_for_a_local_search_field():
+    """`context --set top_k_mapped_entities=5` worked; `query --method local` refused the same key."""
+    updates = parse_assignments(["top_k_mapped_entities=5"], section="local")
+    assert updates == {"local.top_k_entities": 5}
+    assert Settings.load().with_updates(updates).local.top_k_entities == 5
+    with pytest.raises(ConfigError, match="unknown local setting.*top_k_entities"):
+        parse_assignments(["top_k_entitie=5"], section="local")
+
+
 def test_an_environment_mapping_that_is_not_json_names_the_variable(monkeypatch):
     monkeypatch.setenv("DRIFT_LANCE_STORE__STORAGE_OPTIONS", "{bad")
     with pytest.raises(ConfigError, match=r"environment: cannot parse DRIFT_LANCE_STORE__STORAGE_OPTIONS \(section 'store'\)"):

@@ -138,22 +138,36 @@ def parse_assignments(assignments: Iterable[str], *, section: str | None = None)
             raise ConfigError(f"--set {item!r}: expected key=value")
         if "." not in key and section is not None:
             key = f"{section}.{key}"
-        _check_known_key(key)
+        key = _known_key(key)
         updates[key] = parse_value(raw, _annotation_of(key))
     return updates
 
 
-def _check_known_key(dotted: str) -> None:
-    """ConfigError naming a `--set` key that is no settings field, with the nearest field's name."""
+def _known_key(dotted: str) -> str:
+    """`dotted` with any field alias replaced by the field's name (`local.top_k_mapped_entities`,
+    graphrag's name, is `local.top_k_entities`); ConfigError naming a key that is no settings field,
+    with the nearest field's name."""
     model: Any = Settings
-    for name in dotted.split("."):
+    names = dotted.split(".")
+    for i, name in enumerate(names):
         fields = getattr(model, "model_fields", None)
         if fields is None:  # below a plain value (a dict setting): validation checks the rest
-            return
+            break
+        if name not in fields:
+            name = names[i] = next((field for field, info in fields.items() if name in _aliases(info)), name)
         if name not in fields:
             where = dotted.rsplit(".", 1)[0] + " " if "." in dotted else ""
             raise ConfigError(f"--set {name}: unknown {where}setting{did_you_mean(name, fields)}")
         model = fields[name].annotation
+    return ".".join(names)
+
+
+def _aliases(field: FieldInfo) -> tuple[str, ...]:
+    alias = field.validation_alias
+    choices = getattr(alias, "choices", None)
+    if choices is not None:
+        return tuple(c for c in choices if isinstance(c, str))
+    return (alias,) if isinstance(alias, str) else ()
 
 
 def parse_value(raw: str, annotation: Any = None) -> Any:
