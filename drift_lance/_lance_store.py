@@ -608,13 +608,13 @@ def _open_every_object(dataset: Any) -> None:
 
 
 def _ingest_hint(uri: str) -> str:
-    """How to make a database at `uri`. A folder of parquet files is a GraphRAG output given as --db:
-    it is ingest's SRC, and the database goes next to it, not into it."""
+    """How to make a database at `uri`. A folder of parquet files (or graphrag 3.x's CSV tables) is a
+    GraphRAG output given as --db: it is ingest's SRC, and the database goes next to it, not into it."""
     folder = Path(uri).expanduser()
-    if "://" in uri or not any(folder.glob("*.parquet")):
+    if "://" in uri or not (any(folder.glob("*.parquet")) or (folder / "entities.csv").exists()):
         return f"run `drift-lance ingest SRC --db {shlex.quote(uri)}`"
     database = folder.resolve().with_name(f"{folder.resolve().name}.lancedb")
-    return (f"it holds GraphRAG output (parquet files), not a drift-lance database: run "
+    return (f"it holds GraphRAG output (parquet or CSV tables), not a drift-lance database: run "
             f"`drift-lance ingest {shlex.quote(uri)} --db {shlex.quote(str(database))}`, then use --db {shlex.quote(str(database))}")
 
 

@@ -3,7 +3,7 @@
 Reuse order per table (first hit wins): graphrag's LanceDB folder (``lancedb/`` next to the parquet,
 3.x names like ``entity_description`` and 1.x/2.x names like ``default-entity-description``, or
 another ``container_name`` than ``default``; vectors possibly ``list<double>``), an ``embeddings.<name>.parquet`` snapshot (3.x ``entity_description``,
-0.5-2.x ``entity.description``), then an embedding column in the table's own parquet
+0.5-2.x ``entity.description``; ``.csv`` from a 3.x index written as CSV), then an embedding column in the table's own parquet
 (``description_embedding`` in pre-1.0 entities). Reused vectors must cover every
 row: mixing them with vectors of another model would make similarities meaningless.
 """
@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from drift_lance import schema
 from drift_lance.errors import IngestError
 from drift_lance.models.base import Embedder
+from ingest.csv_tables import read_embeddings_csv
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class TableVectors:
 
     matrix: np.ndarray
     model: str
-    source: str  # "graphrag-lancedb" | "embeddings-parquet" | "parquet-column" | "computed"
+    source: str  # "graphrag-lancedb" | "embeddings-parquet" | "embeddings-csv" | "parquet-column" | "computed"
     origin: str  # file / table the vectors were read from, or the embedder
 
 
@@ -236,6 +237,10 @@ def find_reusable(root: Path, table: str, raw_columns: dict[str, pa.ChunkedArray
             except (OSError, pa.ArrowException) as exc:
                 raise IngestError(f"{path}: cannot read embeddings parquet: {exc}") from exc
             return _from_arrow(vectors, str(path), "embeddings-parquet")
+        path = root / f"embeddings.{name}.csv"  # graphrag 3.x with `table_provider: csv`
+        if path.exists():
+            ids, matrix, column = read_embeddings_csv(path)
+            return FoundVectors(ids, normalise_rows(matrix, f"{path}: column {column!r}"), "embeddings-csv", str(path))
     for column in PARQUET_COLUMNS[table]:
         if column in raw_columns:
             where = f"{parquet}: column {column!r}"

@@ -1,7 +1,8 @@
-"""Find a GraphRAG output folder's layout and read its parquet files.
+"""Find a GraphRAG output folder's layout and read its tables (parquet, or graphrag 3.x's CSV).
 
 Layouts (detected from file and column names, never from a version file graphrag does not write):
 - ``graphrag-3``: ``entities.parquet`` ... with ``text_units.document_id`` (one document per unit);
+- ``graphrag-3-csv``: the same tables as ``entities.csv`` ... (graphrag 3.x ``table_provider: csv``);
 - ``graphrag-2``: ``entities.parquet`` ... with ``text_units.document_ids`` lists;
 - ``graphrag-1``: ``create_final_*.parquet`` with entity ``title`` (graphrag 0.5 to 1.x);
 - ``graphrag-0.4``: ``create_final_*.parquet`` with entity ``name`` and embeddings in the parquet.
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 
 from drift_lance import schema
 from drift_lance.errors import IngestError
+from ingest import csv_tables
 
 # Logical table -> file stem, per family. "nodes" only exists in the create_final_* family.
 _MODERN_FILES = {
@@ -38,7 +40,7 @@ _OUTPUT_SUBDIRS = ("output", "artifacts")
 
 @dataclass(slots=True)
 class SourceIndex:
-    """A GraphRAG output folder: its layout and the parquet file behind each logical table."""
+    """A GraphRAG output folder: its layout and the parquet (or CSV) file behind each logical table."""
 
     root: Path
     layout: str
@@ -48,8 +50,10 @@ class SourceIndex:
         return self.files[table]
 
     def read(self, table: str) -> pl.DataFrame:
-        """The parquet file of `table` as a DataFrame (IngestError naming the file if unreadable)."""
+        """The file of `table` as a DataFrame (IngestError naming the file if unreadable)."""
         path = self.files[table]
+        if path.suffix == ".csv":
+            return csv_tables.read_csv_table(path, table)
         try:
             return pl.read_parquet(path)
         except Exception as exc:  # noqa: BLE001 - polars/arrow raise many types for bad files
@@ -64,16 +68,30 @@ def detect_layout(src: str | Path) -> SourceIndex:
     if not root.is_dir():
         raise IngestError(f"{root}: not a folder (expected a GraphRAG output folder with *.parquet files)")
     for folder in (root, *(root / sub for sub in _OUTPUT_SUBDIRS)):
-        if (folder / "entities.parquet").exists():
-            return _modern(folder)
+        if (folder / "entities.parquet").exists() or (folder / "entities.csv").exists():
+            return _modern(folder, _one_format(folder))
         if (folder / "create_final_entities.parquet").exists():
             return _legacy(folder)
-    parquet = sorted(p.name for p in root.glob("*.parquet"))
+    tables = sorted(p.name for pattern in ("*.parquet", "*.csv") for p in root.glob(pattern))
     raise IngestError(
-        f"{root}: no GraphRAG index found: missing entities.parquet (graphrag >= 2) or "
-        f"create_final_entities.parquet (graphrag 0.4-1.x); parquet files present: {parquet or 'none'}"
+        f"{root}: no GraphRAG index found: missing entities.parquet or entities.csv (graphrag >= 2) or "
+        f"create_final_entities.parquet (graphrag 0.4-1.x); parquet and csv files present: {tables or 'none'}"
         + _timestamped_runs_hint(root)
     )
+
+
+def _one_format(folder: Path) -> str:
+    """"parquet" or "csv": the format of the folder's tables. graphrag writes one format per run (its
+    `table_provider`), so tables in both are partly another run's, and which is current is unknown."""
+    found = {fmt: [f"{stem}.{fmt}" for stem in _MODERN_FILES.values() if (folder / f"{stem}.{fmt}").exists()]
+             for fmt in ("parquet", "csv")}
+    if found["parquet"] and found["csv"]:
+        raise IngestError(
+            f"{folder}: holds GraphRAG tables both as parquet ({', '.join(found['parquet'])}) and as CSV "
+            f"({', '.join(found['csv'])}); graphrag writes one format per run, so one set is left over from "
+            "another run: move it out of the folder"
+        )
+    return "csv" if found["csv"] else "parquet"
 
 
 def _timestamped_runs_hint(root: Path) -> str:
@@ -88,29 +106,31 @@ def _timestamped_runs_hint(root: Path) -> str:
     return f"; graphrag 0.4 runs found, pass one of: {shown}{', ...' if len(runs) > 3 else ''}"
 
 
-def _existing(folder: Path, stems: dict[str, str]) -> dict[str, Path]:
-    return {t: folder / f"{s}.parquet" for t, s in stems.items() if (folder / f"{s}.parquet").exists()}
+def _existing(folder: Path, stems: dict[str, str], fmt: str = "parquet") -> dict[str, Path]:
+    return {t: folder / f"{s}.{fmt}" for t, s in stems.items() if (folder / f"{s}.{fmt}").exists()}
 
 
-def _require(folder: Path, files: dict[str, Path], stems: dict[str, str]) -> None:
+def _require(folder: Path, files: dict[str, Path], stems: dict[str, str], fmt: str = "parquet") -> None:
     for table in schema.REQUIRED_TABLES:
         if table not in files:
-            raise IngestError(f"{folder / (stems[table] + '.parquet')}: required table {table!r} is missing")
+            raise IngestError(f"{folder / (stems[table] + '.' + fmt)}: required table {table!r} is missing")
 
 
 def _columns(path: Path) -> list[str]:
+    if path.suffix == ".csv":
+        return csv_tables.header(path)
     try:
         return pq.read_schema(path).names
     except Exception as exc:  # noqa: BLE001
         raise IngestError(f"{path}: cannot read parquet: {exc}") from exc
 
 
-def _modern(folder: Path) -> SourceIndex:
-    files = _existing(folder, _MODERN_FILES)
-    _require(folder, files, _MODERN_FILES)
+def _modern(folder: Path, fmt: str) -> SourceIndex:
+    files = _existing(folder, _MODERN_FILES, fmt)
+    _require(folder, files, _MODERN_FILES, fmt)
     unit_columns = _columns(files[schema.TEXT_UNITS])
     layout = "graphrag-3" if "document_id" in unit_columns else "graphrag-2"
-    return SourceIndex(folder, layout, files)
+    return SourceIndex(folder, layout if fmt == "parquet" else f"{layout}-csv", files)
 
 
 def _legacy(folder: Path) -> SourceIndex:

@@ -1,4 +1,4 @@
-"""Turn any GraphRAG layout's parquet tables into the columns of `drift_lance.schema`.
+"""Turn any GraphRAG layout's tables (parquet, or CSV typed by `ingest.csv_tables`) into the columns of `drift_lance.schema`.
 
 Everything here happens in memory and raises IngestError (naming file and column) before anything
 is written. Column fallbacks cover older graphrag releases: entity `name` for `title`, `source_id`

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -368,6 +369,200 @@ async def test_graphrag_0_5_to_2_x_embedding_snapshots_are_reused(dulce_dir, tmp
     landed = await store.fetch("text_units", "id", ids[:1], columns=["vector"])
     np.testing.assert_allclose(landed["vector"][0].to_numpy(), vectors[0] / np.linalg.norm(vectors[0]), atol=1e-6)
     await store.close()
+
+
+# --------------------------------------------------------------------------- graphrag 3.x written as CSV
+
+# graphrag 3.3 with `table_provider: {type: csv}`: graphrag_storage's CSVTable streams these tables
+# row by row through csv.DictWriter (its default "\r\n" line ends) ...
+STREAMED_TABLES = ("documents", "text_units", "entities", "relationships", "communities", "embeddings.community_full_content")
+# ... and CSVTableProvider.write_dataframe writes these with pandas' `to_csv(index=False)`, i.e. the
+# csv module with "\n" line ends and NaN/None as empty fields.
+DATAFRAME_TABLES = ("community_reports", "covariates")
+
+
+def graphrag_csv_cell(value: object) -> object:
+    """A value as both of graphrag_storage's writers put it into the csv module: None empty, the
+    rest as-is (the csv module writes str() of lists and dicts, repr() of floats)."""
+    return "" if value is None else value
+
+
+def write_graphrag_csv(rows: list[dict], columns: list[str], path: Path, lineterminator: str) -> None:
+    with path.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator=lineterminator)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: graphrag_csv_cell(row[c]) for c in columns})
+
+
+def as_graphrag_csv_index(parquet_dir: Path, out: Path) -> Path:
+    """The parquet index at `parquet_dir` as graphrag 3.3 writes it with the CSV table provider
+    (its lancedb/ vector store copied alongside)."""
+    out.mkdir()
+    for name in (*STREAMED_TABLES, *DATAFRAME_TABLES):
+        frame = pl.read_parquet(parquet_dir / f"{name}.parquet")
+        rows = frame.to_dicts()  # lists as Python lists, report findings as dicts, as graphrag holds them
+        if name == "community_reports":
+            # graphrag merges `children` in from communities read back by its DataReader, whose
+            # split_list_column makes ['7', '8', '9'] of the [7, 8, 9] written to communities.csv
+            for row in rows:
+                row["children"] = [str(c) for c in row["children"]]
+        write_graphrag_csv(rows, frame.columns, out / f"{name}.csv", "\r\n" if name in STREAMED_TABLES else "\n")
+    shutil.copytree(parquet_dir / "lancedb", out / "lancedb")
+    return out
+
+
+@pytest.fixture(scope="module")
+def dulce_csv_dir(dulce_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return as_graphrag_csv_index(dulce_dir, tmp_path_factory.mktemp("dulce-csv") / "output")
+
+
+async def scan_sorted(store, table: str) -> pl.DataFrame:
+    return (await store.scan(table)).sort("id")
+
+
+async def test_a_graphrag_csv_index_ingests_like_its_parquet(dulce_csv_dir, dulce_store, tmp_path):
+    """graphrag 3.x writes its tables as CSV with `table_provider: csv`; such a folder was refused
+    with "no GraphRAG index found ... parquet files present: none"."""
+    text = (dulce_csv_dir / "community_reports.csv").read_text(encoding="utf-8")
+    assert "'explanation': " in text and "['7', '8', '9']" in text  # the fixture holds graphrag's forms
+    report = await ingest.run_ingest(dulce_csv_dir, str(tmp_path / "db"), embedder=HashEmbedder(8), progress=False)
+    assert report.manifest.layout == "graphrag-3-csv"
+    assert report.computed_vectors == 0
+    assert {t: v.source for t, v in report.manifest.vectors.items()} == {t: "graphrag-lancedb" for t in schema.VECTOR_TABLES}
+    assert report.rows == {t: i.rows for t, i in dulce_store.manifest.tables.items()}
+    csv_store = await open_store(str(tmp_path / "db"))
+    try:
+        for table in dulce_store.manifest.tables:
+            ours, theirs = await scan_sorted(csv_store, table), await scan_sorted(dulce_store, table)
+            assert ours.schema == theirs.schema, table
+            assert ours.equals(theirs), table  # ids, texts, lists, numbers and vectors
+    finally:
+        await csv_store.close()
+    # the one warning dulce gets, naming the CSV file
+    assert report.warnings == [dulce_dangling_sources(dulce_csv_dir).replace("relationships.parquet", "relationships.csv")]
+
+
+async def test_a_graphrag_csv_index_gives_the_same_local_search_context(dulce_csv_dir, dulce_store, golden_local_context, tmp_path):
+    from drift_lance.local import SECTIONS, LocalContextBuilder
+
+    await ingest.run_ingest(dulce_csv_dir, str(tmp_path / "db"), progress=False)
+    csv_store = await open_store(str(tmp_path / "db"))
+    filled: set[str] = set()  # sections some context had records in
+    try:
+        for case in golden_local_context["cases"][::3]:
+            params = {"max_context_tokens": case["max_context_tokens"], "text_unit_prop": case["text_unit_prop"],
+                      "community_prop": case["community_prop"], "include_claims": case["with_covariates"],
+                      "community_level": 2, "top_k_entities": 10, "top_k_relationships": 10}
+            ours = await LocalContextBuilder(csv_store).build("", query_vector=case["query_vector"], **params)
+            theirs = await LocalContextBuilder(dulce_store).build("", query_vector=case["query_vector"], **params)
+            label = f"{case['profile']}/{case['query_id']}"
+            assert ours.context_text == theirs.context_text, label
+            assert {s: ours.record_ids(s) for s in SECTIONS} == {s: theirs.record_ids(s) for s in SECTIONS}, label
+            filled |= {s for s in SECTIONS if ours.record_ids(s)}
+    finally:
+        await csv_store.close()
+    assert filled == set(SECTIONS)  # reports, entities, relationships, claims and sources all compared
+
+
+async def test_a_graphrag_csv_index_reuses_its_csv_embedding_snapshots(dulce_csv_dir, dulce_dir, tmp_path):
+    """Without a lancedb/ folder (graphrag's vector store elsewhere), `snapshots.embeddings` leaves
+    embeddings.<name>.csv as the index's only copy of the vectors."""
+    src = copy_index(dulce_csv_dir, tmp_path / "src")
+    shutil.rmtree(src / "lancedb")
+    for name in ("entity_description", "text_unit_text"):
+        ids, vectors = dulce_vectors(dulce_dir, name)
+        write_graphrag_csv([{"id": i, "embedding": v} for i, v in zip(ids, vectors.tolist(), strict=True)],
+                           ["id", "embedding"], src / f"embeddings.{name}.csv", "\r\n")
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), embedder=HashEmbedder(8), progress=False)
+    assert report.computed_vectors == 0
+    assert {v.source for v in report.manifest.vectors.values()} == {"embeddings-csv"}
+    ids, vectors = dulce_vectors(dulce_dir, "community_full_content")
+    store = await open_store(str(tmp_path / "db"))
+    try:
+        landed = await store.fetch("community_reports", "id", ids[:1], columns=["vector"])
+    finally:
+        await store.close()
+    np.testing.assert_allclose(landed["vector"][0].to_numpy(), vectors[0] / np.linalg.norm(vectors[0]), atol=1e-6)
+
+
+def test_numpy_written_list_cells_are_read_as_graphrag_reads_them(tmp_path):
+    """Older graphrag 3.x wrote numpy arrays with pandas: ['a' 'b'], one per line when long, [7 8 9]."""
+    from ingest.csv_tables import read_csv_table
+
+    path = tmp_path / "communities.csv"
+    write_graphrag_csv(
+        [{"id": "c", "community": "3", "level": "1", "parent": "-1", "children": "[7 8 -9]",
+          "entity_ids": "['e-1' 'e,2']", "relationship_ids": "['r-1'\n 'r-2']", "size": "3.0"}],
+        ["id", "community", "level", "parent", "children", "entity_ids", "relationship_ids", "size"], path, "\n")
+    row = read_csv_table(path, schema.COMMUNITIES).row(0, named=True)
+    assert row == {"id": "c", "community": 3, "level": 1, "parent": -1, "children": [7, 8, -9],
+                   "entity_ids": ["e-1", "e,2"], "relationship_ids": ["r-1", "r-2"], "size": 3}
+
+
+def _csv_cell(file: str, column: str, row: int, value: str) -> Callable[[Path], None]:
+    """Set one cell of a graphrag CSV table (rewritten in graphrag's format)."""
+
+    def mutate(root: Path) -> None:
+        path = root / file
+        with path.open(encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
+        rows[row][column] = value
+        write_graphrag_csv(rows, list(rows[0]), path, "\r\n")
+
+    return mutate
+
+
+def _csv_snapshot_with_a_bad_vector(root: Path) -> None:
+    shutil.rmtree(root / "lancedb")
+    with (root / "entities.csv").open(encoding="utf-8", newline="") as f:
+        ids = [row["id"] for row in csv.DictReader(f)]
+    vectors = [[0.5, 0.25] if i != 7 else "[0.5, oops]" for i in range(len(ids))]
+    write_graphrag_csv([{"id": i, "embedding": v} for i, v in zip(ids, vectors, strict=True)], ["id", "embedding"],
+                       root / "embeddings.entity_description.csv", "\r\n")
+
+
+def _both_formats(root: Path) -> None:
+    pl.DataFrame({"id": ["left over from a parquet run"]}).write_parquet(root / "covariates.parquet")
+
+
+BAD_CSV_INPUTS = {
+    "not an integer": (_csv_cell("entities.csv", "degree", 4, "high"),
+                       ["entities.csv: column 'degree', row 4 (line 26): cannot read 'high': expected an integer"]),
+    "fractional integer": (_csv_cell("communities.csv", "level", 2, "1.5"),
+                           ["communities.csv: column 'level', row 2 (line 4): cannot read '1.5': expected an integer"]),
+    "not a number": (_csv_cell("relationships.csv", "weight", 0, "heavy"),
+                     ["relationships.csv: column 'weight', row 0 (line 2): cannot read 'heavy': expected a number"]),
+    "not a list": (_csv_cell("text_units.csv", "entity_ids", 1, "['a', 'b'"),
+                   ["text_units.csv: column 'entity_ids', row 1 (line ", "cannot read \"['a', 'b'\": expected a list like"]),
+    "not a list of integers": (_csv_cell("communities.csv", "children", 3, "['x']"),
+                               ["communities.csv: column 'children', row 3 (line 5)", "expected a list of integers"]),
+    "findings not a list of findings": (_csv_cell("community_reports.csv", "findings", 0, "['just text']"),
+                                        ["community_reports.csv: column 'findings', row 0 (line 2)", "expected a list of findings"]),
+    "row with too many fields": (lambda root: (root / "covariates.csv").open("a", encoding="utf-8").write("a,b\n"),
+                                 ["covariates.csv: row 41 (line ", "has 2 fields, the header has 12"]),
+    "file cut off in a quoted field": (lambda root: (root / "text_units.csv").write_bytes((root / "text_units.csv").read_bytes()[:-20]),
+                                       ["text_units.csv: cannot read CSV: unexpected end of data (in the record starting at line "]),
+    "not UTF-8": (lambda root: (root / "documents.csv").write_bytes((root / "documents.csv").read_bytes().replace(b"Dulce", b"Dul\xe7e", 1)),
+                  ["documents.csv: not UTF-8 (graphrag writes its CSV tables as UTF-8): byte 0xe7 at line 2 (invalid continuation byte)"]),
+    "empty required id": (_csv_cell("entities.csv", "id", 3, ""), ["entities.csv: column 'id' has 1 empty values (first at row 3)"]),
+    "bad vector in a CSV embeddings snapshot": (_csv_snapshot_with_a_bad_vector, [
+        "embeddings.entity_description.csv: column 'embedding', row 7 (line 9): cannot read '[0.5, oops]': expected a list of numbers"]),
+    "tables in both formats": (_both_formats, ["holds GraphRAG tables both as parquet (covariates.parquet) and as CSV (entities.csv",
+                                               "move it out of the folder"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CSV_INPUTS))
+def test_a_bad_csv_value_is_named_and_nothing_is_written(case, dulce_csv_dir, tmp_path, capsys):
+    mutate, expected = BAD_CSV_INPUTS[case]
+    src = copy_index(dulce_csv_dir, tmp_path / "src", mutate)
+    code = cli_main(["ingest", str(src), "--db", str(tmp_path / "db"), "--embedder", "hash", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    for fragment in expected:
+        assert fragment in err, err
+    assert not (tmp_path / "db").exists()
 
 
 # --------------------------------------------------------------------------- bad input

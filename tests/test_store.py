@@ -40,15 +40,16 @@ async def test_open_store_without_complete_ingest(tmp_path):
         await open_store(str(tmp_path / "db"))
 
 
-async def test_a_graphrag_output_folder_given_as_the_database_is_named_as_ingests_source(tmp_path, dulce_dir):
+@pytest.mark.parametrize("table", ["entities.parquet", "entities.csv"])  # graphrag 3.x may write CSV tables
+async def test_a_graphrag_output_folder_given_as_the_database_is_named_as_ingests_source(table, tmp_path, dulce_dir):
     output = tmp_path / "graphrag" / "output"
     output.mkdir(parents=True)
-    (output / "entities.parquet").write_bytes((dulce_dir / "entities.parquet").read_bytes())
+    (output / table).write_bytes((dulce_dir / "entities.parquet").read_bytes())  # only the name is looked at
     with pytest.raises(StoreError) as info:
         await open_store(str(output))
     database = (tmp_path / "graphrag" / "output.lancedb").resolve()
     assert f"run `drift-lance ingest {output} --db {database}`, then use --db {database}" in str(info.value)
-    assert list(output.iterdir()) == [output / "entities.parquet"]  # nothing written into the source
+    assert list(output.iterdir()) == [output / table]  # nothing written into the source
 
 
 @pytest.fixture(params=["float32 scan", "int8 screening"])

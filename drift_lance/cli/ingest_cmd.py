@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "embeddings or compute missing ones, and write LanceDB tables plus a manifest. The switch to the "
         "new data is atomic: a failed or interrupted ingest leaves the previous database usable.",
     )
-    parser.add_argument("src", metavar="SRC", help="GraphRAG output folder (the one holding the *.parquet files)")
+    parser.add_argument("src", metavar="SRC", help="GraphRAG output folder (the one holding the *.parquet files, or graphrag 3.x's *.csv tables)")
     parser.add_argument("--db", metavar="URI", required=True, type=_db_uri, help="LanceDB URI: a local path, s3://bucket/path, ...")
     parser.add_argument("--reembed", action="store_true", help="recompute all vectors with the configured embedder")
     parser.add_argument(
