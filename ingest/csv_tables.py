@@ -195,14 +195,19 @@ def _int_list(cell: str) -> list[int]:
 
 
 def _findings(cell: str) -> str:
-    """A report's findings as the JSON text the parquet path stores ([{"explanation", "summary"}, ...])."""
+    """A report's findings as the JSON text the parquet path stores ([{"explanation", "summary"}, ...]).
+    Like a parquet list, any list is kept: `graphrag update` rewrites a CSV index's findings as the
+    comma-split pieces its reader made of them (a list of strings), and search does not read them."""
     try:
         findings = json.loads(cell)
     except ValueError:
         findings = _list_literal(cell)
-    if not isinstance(findings, list) or not all(isinstance(f, dict) for f in findings):
+    if not isinstance(findings, list):
         raise _BadValue("expected a list of findings ({'summary': ..., 'explanation': ...})")
-    return json.dumps(findings, ensure_ascii=False)
+    try:
+        return json.dumps(findings, ensure_ascii=False)
+    except (TypeError, ValueError):  # a literal JSON has no form for (bytes, sets, ...)
+        raise _BadValue("expected a list of findings ({'summary': ..., 'explanation': ...})") from None
 
 
 def _list_literal(cell: str) -> list[Any]:

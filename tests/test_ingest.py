@@ -500,6 +500,36 @@ def test_numpy_written_list_cells_are_read_as_graphrag_reads_them(tmp_path):
                    "entity_ids": ["e-1", "e,2"], "relationship_ids": ["r-1", "r-2"], "size": 3}
 
 
+def graphrag_split_list_column(value: str) -> list[str]:
+    """graphrag 3.3's data_model.dfs.split_list_column, which its DataReader applies to findings too."""
+    items = [item.strip("[] '\"") for item in value.replace("\n", ",").split(",")]
+    return [item for item in items if item]
+
+
+async def test_findings_graphrag_update_rewrote_as_pieces_are_kept(dulce_csv_dir, tmp_path):
+    """`graphrag update` on a CSV index reads the reports back with its DataReader, which splits the
+    findings' text on commas, and writes those pieces; graphrag's own search does not mind, nor
+    ours (findings are stored, not searched), so the index is ingested as a parquet one would be."""
+    def as_after_graphrag_update(root: Path) -> None:
+        path = root / "community_reports.csv"
+        with path.open(encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
+        for row in rows:
+            row["findings"] = graphrag_split_list_column(row["findings"])
+        write_graphrag_csv(rows, list(rows[0]), path, "\n")
+
+    src = copy_index(dulce_csv_dir, tmp_path / "src", as_after_graphrag_update)
+    await ingest.run_ingest(src, str(tmp_path / "db"), progress=False)
+    store = await open_store(str(tmp_path / "db"))
+    try:
+        findings = (await store.scan("community_reports", columns=["findings"]))["findings"]
+    finally:
+        await store.close()
+    pieces = [json.loads(f) for f in findings]
+    assert all(pieces) and all(isinstance(p, str) for piece in pieces for p in piece)
+    assert pieces[0][0].startswith("{'explanation': ")
+
+
 def _csv_cell(file: str, column: str, row: int, value: str) -> Callable[[Path], None]:
     """Set one cell of a graphrag CSV table (rewritten in graphrag's format)."""
 
@@ -537,8 +567,8 @@ BAD_CSV_INPUTS = {
                    ["text_units.csv: column 'entity_ids', row 1 (line ", "cannot read \"['a', 'b'\": expected a list like"]),
     "not a list of integers": (_csv_cell("communities.csv", "children", 3, "['x']"),
                                ["communities.csv: column 'children', row 3 (line 5)", "expected a list of integers"]),
-    "findings not a list of findings": (_csv_cell("community_reports.csv", "findings", 0, "['just text']"),
-                                        ["community_reports.csv: column 'findings', row 0 (line 2)", "expected a list of findings"]),
+    "findings not a list": (_csv_cell("community_reports.csv", "findings", 0, "Agent Mercer leads"),
+                            ["community_reports.csv: column 'findings', row 0 (line 2): cannot read 'Agent Mercer leads': expected a list"]),
     "row with too many fields": (lambda root: (root / "covariates.csv").open("a", encoding="utf-8").write("a,b\n"),
                                  ["covariates.csv: row 41 (line ", "has 2 fields, the header has 12"]),
     "file cut off in a quoted field": (lambda root: (root / "text_units.csv").write_bytes((root / "text_units.csv").read_bytes()[:-20]),
