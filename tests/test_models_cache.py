@@ -150,3 +150,21 @@ def test_the_cache_leaves_no_file_open_between_calls(tmp_path):
     finally:
         gc.enable()
     assert left_open == []
+
+
+@pytest.mark.parametrize("problem", ["parent is a file", "not a database"])
+def test_an_unusable_cache_dir_is_a_setting_error_naming_the_path(tmp_path, problem):
+    """A cache dir that cannot hold the cache fails model construction as a settings error naming
+    the file (the CLI's exit 2, the service's failed start), not as an OSError traceback."""
+    from drift_lance.errors import ConfigError
+
+    if problem == "parent is a file":
+        (tmp_path / "file").write_text("x")
+        cache_dir = tmp_path / "file" / "cache"
+    else:
+        cache_dir = tmp_path / "cache"
+        cache_dir.mkdir()
+        (cache_dir / "responses.sqlite").write_bytes(b"not sqlite at all " * 100)
+    with pytest.raises(ConfigError, match=r"cache_dir: cannot use .*responses\.sqlite") as error:
+        CachedChatModel(ScriptedChatModel([]), cache_dir)
+    assert str(cache_dir / "responses.sqlite") in str(error.value)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from drift_lance.errors import ConfigError
 from drift_lance.models.base import ChatModel, ChatParams, ChatResult, GeneratorStream, Message, Usage, aclose_models
 from drift_lance.models.structured import parse_structured, response_schema
 
@@ -46,15 +47,20 @@ class ResponseStore:
     safe from worker threads)."""
 
     def __init__(self, directory: Path):
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = Path(directory).expanduser()
         self.path = directory / _DB_NAME
-        with self._connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, text TEXT, "
-                "prompt_tokens INTEGER, output_tokens INTEGER, created REAL)"
-            )
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with self._connect() as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute(
+                    "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, text TEXT, "
+                    "prompt_tokens INTEGER, output_tokens INTEGER, created REAL)"
+                )
+        except (OSError, sqlite3.Error) as exc:
+            # At start-up, as a setting to fix (CLI exit 2, the service's /readyz): not a traceback
+            # after the index was opened.
+            raise ConfigError(f"cache_dir: cannot use {self.path} for the response cache: {_reason(exc)}") from exc
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -86,6 +92,12 @@ class ResponseStore:
     def __len__(self) -> int:
         with self._connect() as db:
             return int(db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f" ({exc.filename})" if exc.filename else "")
+    return str(exc) or type(exc).__name__
 
 
 class CachedChatModel:
