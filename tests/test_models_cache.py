@@ -168,3 +168,26 @@ def test_an_unusable_cache_dir_is_a_setting_error_naming_the_path(tmp_path, prob
     with pytest.raises(ConfigError, match=r"cache_dir: cannot use .*responses\.sqlite") as error:
         CachedChatModel(ScriptedChatModel([]), cache_dir)
     assert str(cache_dir / "responses.sqlite") in str(error.value)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+async def test_the_cache_is_private_to_its_owner(tmp_path):
+    """The cache holds every answer: its directory is created 0700 and its files 0600 under the usual
+    022 umask (they were 0755 / 0644, readable by every local user), and a file an older version
+    left readable is tightened."""
+    old_umask = os.umask(0o022)
+    try:
+        cached = CachedChatModel(ScriptedChatModel(["secret answer"]), tmp_path / "new" / "cache")
+        await cached.complete(Q)
+        for path in (tmp_path / "new" / "cache").iterdir():  # the database, and its -wal / -shm while open
+            assert path.stat().st_mode & 0o777 == 0o600, path
+        assert (tmp_path / "new" / "cache").stat().st_mode & 0o777 == 0o700
+        await cached.aclose()
+
+        old = tmp_path / "old"
+        old.mkdir()
+        (old / "responses.sqlite").touch(mode=0o644)
+        CachedChatModel(ScriptedChatModel([]), old)
+        assert (old / "responses.sqlite").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old_umask)

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -50,7 +51,7 @@ class ResponseStore:
         directory = Path(directory).expanduser()
         self.path = directory / _DB_NAME
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            _make_private(directory, self.path)
             with self._connect() as db:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute(
@@ -92,6 +93,23 @@ class ResponseStore:
     def __len__(self) -> int:
         with self._connect() as db:
             return int(db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+
+
+def _make_private(directory: Path, path: Path) -> None:
+    """The cache holds every answer (and what the prompts asked): a directory it creates is 0700 and
+    its files 0600 whatever the umask. SQLite gives its -wal / -shm files the database file's mode.
+    A file an older version left readable by others is tightened, when it is ours."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    if os.name != "posix":
+        return
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            info = file.stat()
+        except FileNotFoundError:
+            continue
+        if info.st_mode & 0o077 and info.st_uid == os.getuid():
+            file.chmod(0o600)
 
 
 def _reason(exc: BaseException) -> str:
