@@ -123,12 +123,10 @@ async def test_the_cache_keeps_the_inner_models_context_window_for_budgets(dulce
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open files through /proc")
-def test_the_cache_leaves_no_file_open_between_calls(tmp_path):
-    """Every lookup and store closes its SQLite connection. `with connection:` only commits, and a
-    connection sits in a reference cycle, so each call's file handles stayed open until the garbage
+async def test_the_cache_holds_a_fixed_set_of_files_open(tmp_path):
+    """Lookups and stores share the store's one connection, which `aclose()` closes. A connection per
+    call sits in a reference cycle, so each call's file handles stayed open until the garbage
     collector ran: `drift-lance serve` with a cache went from 24 open files to 80-97."""
-    from drift_lance.models.base import Usage
-    from drift_lance.models.cache import ResponseStore
 
     def open_cache_files() -> list[str]:
         paths = []
@@ -137,19 +135,94 @@ def test_the_cache_leaves_no_file_open_between_calls(tmp_path):
                 paths.append(os.readlink(f"/proc/self/fd/{fd}"))
             except OSError:  # the listing's own descriptor, closed meanwhile
                 pass
-        return [p for p in paths if "responses.sqlite" in p]
+        return [p for p in paths if p.startswith(str(tmp_path))]
 
-    store = ResponseStore(tmp_path)
+    cached = CachedChatModel(ScriptedChatModel(lambda messages, params, model: "answer"), tmp_path)
     gc.disable()  # only what the calls themselves close counts
     try:
-        for i in range(10):
-            store.put(f"key-{i}", "m", "text", Usage(1, 1, 1))
-            assert store.get(f"key-{i}") is not None
-        assert len(store) == 10
-        left_open = open_cache_files()
+        await cached.complete([Message("user", "question 0")])
+        after_one = len(open_cache_files())
+        for i in range(1, 20):
+            await cached.complete([Message("user", f"question {i}")])
+            assert (await cached.complete([Message("user", f"question {i}")])).raw["cache"] == "hit"
+        after_many = len(open_cache_files())
+        await cached.aclose()
+        after_close = open_cache_files()
     finally:
         gc.enable()
-    assert left_open == []
+    assert after_many == after_one <= 3  # the database, its -wal and -shm
+    assert after_close == []
+
+
+_CACHE_USER = """
+import asyncio, json, sys
+from drift_lance.models import Message
+from drift_lance.models.cache import CachedChatModel
+from drift_lance.testing import ScriptedChatModel
+
+async def main(cache_dir, name):
+    chat = CachedChatModel(ScriptedChatModel(lambda messages, params, model: "answer to " + messages[-1].content), cache_dir)
+    questions = [f"shared question {i}" if i % 2 else f"{name}'s question {i}" for i in range(300)]
+    results = await asyncio.gather(*(chat.complete([Message("user", q)]) for q in questions))
+    assert [r.text for r in results] == ["answer to " + q for q in questions]
+    await chat.aclose()
+    print(json.dumps(questions))
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_two_processes_share_one_cache_dir(tmp_path):
+    """Two processes (two `drift-lance query` runs, or serve and a query) start on one new cache
+    dir at once and store 300 answers each, half of them for the same questions: both finish, and
+    every answer either stored is then served from the file."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import drift_lance
+
+    env = {**os.environ, "PYTHONPATH": str(Path(drift_lance.__file__).parent.parent)}
+    users = [subprocess.Popen([sys.executable, "-c", _CACHE_USER, str(tmp_path / "cache"), name], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    questions: set[str] = set()
+    for user in users:
+        out, err = user.communicate(timeout=300)
+        assert user.returncode == 0, err
+        assert "response cache" not in err  # no lookup or store gave up on a lock
+        questions.update(json.loads(out))
+
+    replay = CachedChatModel(ScriptedChatModel([]), tmp_path / "cache")
+    for question in sorted(questions):
+        assert (await replay.complete([Message("user", question)])).text == "answer to " + question
+    assert replay.inner.calls == [] and len(questions) == len(replay.store) == 450
+
+
+async def test_a_cache_that_cannot_be_written_costs_a_model_call_not_the_query(tmp_path, monkeypatch, caplog):
+    """Another process holding the cache's write lock past the timeout (or a full disk) used to fail
+    the call with "database is locked" after the model had answered; the answer is returned, not
+    stored, and the failure logged once."""
+    import sqlite3
+
+    from drift_lance.models import cache
+
+    monkeypatch.setattr(cache, "_BUSY_TIMEOUT", 0.05)
+    cached = CachedChatModel(ScriptedChatModel(lambda messages, params, model: "fresh answer"), tmp_path)
+    other = sqlite3.connect(tmp_path / "responses.sqlite", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another process mid-write, for longer than the timeout
+    try:
+        for question in ("one", "two"):
+            assert (await cached.complete([Message("user", question)])).text == "fresh answer"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert len(cached.inner.calls) == 2 and len(cached.store) == 0
+    assert [r.getMessage() for r in caplog.records].count(
+        f"response cache {cached.store.path}: store failed (database is locked); answers come from the model meanwhile"
+    ) == 1
+    await cached.complete([Message("user", "three")])
+    assert len(cached.store) == 1
 
 
 @pytest.mark.parametrize("problem", ["parent is a file", "not a database"])

@@ -2,8 +2,9 @@
 not pay twice.
 
 Keyed by sha256 over (model id, messages, generation params, requested JSON schema); stored in one
-SQLite file (`responses.sqlite` in cache_dir; WAL mode, safe for several processes). Only answers
-that succeeded (and, for structured calls, validated) are stored. A hit costs nothing: its usage
+SQLite file (`responses.sqlite` in cache_dir; WAL mode with a busy timeout, safe for several
+processes sharing the dir). Only answers that succeeded (and, for structured calls, validated)
+are stored. A hit costs nothing: its usage
 is zero, and `ChatResult.raw["cache"] == "hit"`. Off unless `cache_dir` is configured.
 """
 
@@ -13,8 +14,10 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,8 +29,11 @@ from drift_lance.errors import ConfigError
 from drift_lance.models.base import ChatModel, ChatParams, ChatResult, GeneratorStream, Message, Usage, aclose_models
 from drift_lance.models.structured import parse_structured, response_schema
 
+log = logging.getLogger(__name__)
+
 _SCHEMA_VERSION = 1
 _DB_NAME = "responses.sqlite"
+_BUSY_TIMEOUT = 30.0  # seconds an operation waits for another process's write before giving up
 
 
 def cache_key(model_id: str, messages: Sequence[Message], params: ChatParams | None,
@@ -44,54 +50,108 @@ def cache_key(model_id: str, messages: Sequence[Message], params: ChatParams | N
 
 
 class ResponseStore:
-    """A tiny key -> text store in SQLite (one short-lived connection per operation, so it is
-    safe from worker threads)."""
+    """A key -> answer store in one SQLite file, shared by every process using the cache dir.
+
+    One connection per store, opened on first use and kept until `close()`, used under a lock from
+    worker threads: a connection per operation cost a WAL checkpoint and its fsyncs on every close
+    (~20 ms a miss). WAL lets lookups run beside another process's write; writes take the write lock
+    up front (BEGIN IMMEDIATE) and wait up to `_BUSY_TIMEOUT` for another process's. With
+    synchronous=NORMAL a power cut can lose the last answers stored, never the file. A cache that
+    fails at run time (disk full, a lock held past the timeout) costs a model call, not the query."""
 
     def __init__(self, directory: Path):
         directory = Path(directory).expanduser()
         self.path = directory / _DB_NAME
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+        self._pid = 0
+        self._failing: set[str] = set()  # operations that failed last time: warned once per run
         try:
             _make_private(directory, self.path)
-            with self._connect() as db:
-                db.execute("PRAGMA journal_mode=WAL")
+            with self._write() as db:
                 db.execute(
                     "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, text TEXT, "
                     "prompt_tokens INTEGER, output_tokens INTEGER, created REAL)"
                 )
         except (OSError, sqlite3.Error) as exc:
+            self.close()
             # At start-up, as a setting to fix (CLI exit 2, the service's /readyz): not a traceback
             # after the index was opened.
             raise ConfigError(f"cache_dir: cannot use {self.path} for the response cache: {_reason(exc)}") from exc
 
+    def _connection(self) -> sqlite3.Connection:
+        """The store's connection (call with `_lock` held); a forked child opens its own."""
+        if self._db is None or self._pid != os.getpid():
+            db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")  # kept in the file: a no-op after the first open
+                db.execute("PRAGMA synchronous=NORMAL")
+            except BaseException:
+                db.close()
+                raise
+            self._db, self._pid = db, os.getpid()
+        return self._db
+
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection committed and closed on exit. (`with sqlite3.connect(...)` only commits, and
-        a connection sits in a reference cycle: its files stayed open until a garbage collection.)"""
-        db = sqlite3.connect(self.path, timeout=30)
-        try:
-            with db:
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            yield self._connection()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding the file's write lock from its start: a transaction that read
+        first and then wrote could fail at once with "database is locked" instead of waiting."""
+        with self._lock:
+            db = self._connection()
+            db.execute("BEGIN IMMEDIATE")
+            try:
                 yield db
-        finally:
-            db.close()
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # a failed COMMIT (disk full) must not keep the write lock
+                    db.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            db, self._db = self._db, None
+            if db is not None and self._pid == os.getpid():  # a forked child leaves its parent's alone
+                db.close()
 
     def get(self, key: str) -> tuple[str, Usage] | None:
-        with self._connect() as db:
-            row = db.execute(
-                "SELECT text, prompt_tokens, output_tokens FROM responses WHERE key = ?", (key,)
-            ).fetchone()
+        """The stored answer and its original usage, or None (also when the cache cannot be read)."""
+        try:
+            with self._read() as db:
+                row = db.execute(
+                    "SELECT text, prompt_tokens, output_tokens FROM responses WHERE key = ?", (key,)
+                ).fetchone()
+        except sqlite3.Error as exc:
+            self._failed("lookup", exc)
+            return None
+        self._failing.discard("lookup")
         if row is None:
             return None
         return row[0], Usage(row[1], row[2], 1)
 
     def put(self, key: str, model: str, text: str, usage: Usage) -> None:
-        with self._connect() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                (key, model, text, usage.prompt_tokens, usage.output_tokens, time.time()),
-            )
+        try:
+            with self._write() as db:
+                db.execute(
+                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
+                    (key, model, text, usage.prompt_tokens, usage.output_tokens, time.time()),
+                )
+        except sqlite3.Error as exc:
+            self._failed("store", exc)
+            return
+        self._failing.discard("store")
+
+    def _failed(self, what: str, exc: sqlite3.Error) -> None:
+        if what not in self._failing:  # once per run of failures, not once per call
+            log.warning("response cache %s: %s failed (%s); answers come from the model meanwhile", self.path, what, exc)
+        self._failing.add(what)
 
     def __len__(self) -> int:
-        with self._connect() as db:
+        with self._read() as db:
             return int(db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
 
 
@@ -152,6 +212,7 @@ class CachedChatModel:
         return result
 
     async def aclose(self) -> None:
+        self.store.close()  # reopened if the model is used again
         await aclose_models(self.inner)
 
     def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> CachedStream:
