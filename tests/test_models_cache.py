@@ -264,3 +264,55 @@ async def test_the_cache_is_private_to_its_owner(tmp_path):
         assert (old / "responses.sqlite").stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old_umask)
+
+
+@pytest.mark.parametrize("backend", ["openai", "azure"])
+async def test_two_endpoints_serving_one_model_name_do_not_share_answers(tmp_path, backend, monkeypatch):
+    """Two servers whose models share a name (two vLLM "llama3"s, or Azure resources with a
+    deployment of one name) each get their own answers: the key used to hold the model id only, so
+    the second server's question was answered with the first one's cached answer."""
+    from drift_lance.config.models import ModelSettings
+    from drift_lance.testing import FakeOpenAIServer
+
+    for name in ("OPENAI_BASE_URL", "AZURE_OPENAI_ENDPOINT", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+
+    def settings(server: FakeOpenAIServer) -> ModelSettings:
+        if backend == "azure":
+            where = {"azure_endpoint": server.base_url.removesuffix("/v1"), "api_version": "2024-10-21", "deployment": "llama3"}
+        else:
+            where = {"base_url": server.base_url}
+        return ModelSettings(chat_backend=backend, chat_model="llama3", api_key="k", max_retries=0,
+                             cache_dir=tmp_path, **where)
+
+    with FakeOpenAIServer() as first, FakeOpenAIServer() as second:
+        first.default_text, second.default_text = "the first server's answer", "the second server's answer"
+        answers = []
+        for server in (first, second, first, second):
+            chat = get_chat_model(settings(server))
+            answers.append((await chat.complete(Q)).text)
+            await chat.aclose()
+        assert answers == ["the first server's answer", "the second server's answer"] * 2
+        assert len(first.chat_requests) == len(second.chat_requests) == 1  # the repeats were hits
+
+
+async def test_a_cache_file_of_the_first_version_opens_and_its_answers_are_not_served(tmp_path):
+    """The first version's table was keyed by model id alone: which server an answer came from is
+    unknown, so its entries are dropped, never served to anyone; the file is reused."""
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "responses.sqlite")
+    old.execute("PRAGMA journal_mode=WAL")
+    old.execute("CREATE TABLE responses (key TEXT PRIMARY KEY, model TEXT, text TEXT, prompt_tokens INTEGER, "
+                "output_tokens INTEGER, created REAL)")
+    old.execute("INSERT INTO responses VALUES ('k', 'scripted', 'an answer from some server', 1, 1, 0)")
+    old.commit()
+    old.close()
+
+    cached = CachedChatModel(ScriptedChatModel(["this server's answer"]), tmp_path)
+    assert (await cached.complete(Q)).text == "this server's answer"
+    assert (await cached.complete(Q)).raw["cache"] == "hit"
+    await cached.aclose()
+    db = sqlite3.connect(tmp_path / "responses.sqlite")
+    assert [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["chat_responses"]
+    db.close()

@@ -1,7 +1,8 @@
 """Optional on-disk response cache: a ChatModel wrapper so repeated queries and benchmark reruns do
 not pay twice.
 
-Keyed by sha256 over (model id, messages, generation params, requested JSON schema); stored in one
+Keyed by sha256 over (endpoint, model id, messages, generation params, requested JSON schema): two
+servers that call their models by one name never share answers. Stored in one
 SQLite file (`responses.sqlite` in cache_dir; WAL mode with a busy timeout, safe for several
 processes sharing the dir). Only answers that succeeded (and, for structured calls, validated)
 are stored. A hit costs nothing: its usage
@@ -31,22 +32,33 @@ from drift_lance.models.structured import parse_structured, response_schema
 
 log = logging.getLogger(__name__)
 
-_SCHEMA_VERSION = 1
+_KEY_VERSION = 2  # 2: the endpoint is part of the key
 _DB_NAME = "responses.sqlite"
+_TABLE = "chat_responses"
+_COLUMNS = ["key", "endpoint", "model", "text", "prompt_tokens", "output_tokens", "created"]
 _BUSY_TIMEOUT = 30.0  # seconds an operation waits for another process's write before giving up
 
 
-def cache_key(model_id: str, messages: Sequence[Message], params: ChatParams | None,
-              response_model: type[BaseModel] | None) -> str:
+def cache_key(endpoint: str, model_id: str, messages: Sequence[Message], params: ChatParams | None,
+              response_model: type[BaseModel] | None) -> bytes:
     payload = {
-        "v": _SCHEMA_VERSION,
+        "v": _KEY_VERSION,
+        "endpoint": endpoint,
         "model": model_id,
         "messages": [m.as_dict() for m in messages],
         "params": dataclasses.asdict(params or ChatParams()),
         "schema": response_schema(response_model) if response_model else None,
     }
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return hashlib.sha256(blob.encode("utf-8")).digest()
+
+
+def model_endpoint(model: ChatModel) -> str:
+    """Where `model`'s answers come from: its `endpoint` (the OpenAI-compatible base URL or Azure
+    resource, the llama.cpp model file), else its class, so that models of one id served from
+    different places never share cached answers."""
+    endpoint = getattr(model, "endpoint", None)
+    return str(endpoint) if endpoint else f"{type(model).__module__}.{type(model).__qualname__}"
 
 
 class ResponseStore:
@@ -69,10 +81,7 @@ class ResponseStore:
         try:
             _make_private(directory, self.path)
             with self._write() as db:
-                db.execute(
-                    "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, text TEXT, "
-                    "prompt_tokens INTEGER, output_tokens INTEGER, created REAL)"
-                )
+                _create_or_migrate(db)
         except (OSError, sqlite3.Error) as exc:
             self.close()
             # At start-up, as a setting to fix (CLI exit 2, the service's /readyz): not a traceback
@@ -118,12 +127,12 @@ class ResponseStore:
             if db is not None and self._pid == os.getpid():  # a forked child leaves its parent's alone
                 db.close()
 
-    def get(self, key: str) -> tuple[str, Usage] | None:
+    def get(self, key: bytes) -> tuple[str, Usage] | None:
         """The stored answer and its original usage, or None (also when the cache cannot be read)."""
         try:
             with self._read() as db:
                 row = db.execute(
-                    "SELECT text, prompt_tokens, output_tokens FROM responses WHERE key = ?", (key,)
+                    f"SELECT text, prompt_tokens, output_tokens FROM {_TABLE} WHERE key = ?", (key,)
                 ).fetchone()
         except sqlite3.Error as exc:
             self._failed("lookup", exc)
@@ -133,12 +142,12 @@ class ResponseStore:
             return None
         return row[0], Usage(row[1], row[2], 1)
 
-    def put(self, key: str, model: str, text: str, usage: Usage) -> None:
+    def put(self, key: bytes, endpoint: str, model: str, text: str, usage: Usage) -> None:
         try:
             with self._write() as db:
                 db.execute(
-                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                    (key, model, text, usage.prompt_tokens, usage.output_tokens, time.time()),
+                    f"INSERT OR REPLACE INTO {_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (key, endpoint, model, text, usage.prompt_tokens, usage.output_tokens, time.time()),
                 )
         except sqlite3.Error as exc:
             self._failed("store", exc)
@@ -152,7 +161,21 @@ class ResponseStore:
 
     def __len__(self) -> int:
         with self._read() as db:
-            return int(db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+            return int(db.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0])
+
+
+def _create_or_migrate(db: sqlite3.Connection) -> None:
+    """The answers table, in this version's layout. A table of another layout is dropped, not read:
+    the first version's `responses` was keyed without the endpoint, so its answers cannot be told
+    apart by server (and a cache holds nothing that cannot be asked again)."""
+    db.execute("DROP TABLE IF EXISTS responses")
+    layout = [row[1] for row in db.execute(f"PRAGMA table_info({_TABLE})")]
+    if layout and layout != _COLUMNS:
+        db.execute(f"DROP TABLE {_TABLE}")
+    db.execute(
+        f"CREATE TABLE IF NOT EXISTS {_TABLE} (key BLOB PRIMARY KEY, endpoint TEXT NOT NULL, model TEXT NOT NULL, "
+        "text TEXT NOT NULL, prompt_tokens INTEGER, output_tokens INTEGER, created REAL NOT NULL)"
+    )
 
 
 def _make_private(directory: Path, path: Path) -> None:
@@ -181,9 +204,10 @@ def _reason(exc: BaseException) -> str:
 class CachedChatModel:
     """Wraps a ChatModel with the on-disk cache. Misses go to the inner model."""
 
-    def __init__(self, inner: ChatModel, cache_dir: Path):
+    def __init__(self, inner: ChatModel, cache_dir: Path, *, endpoint: str | None = None):
         self.inner = inner
         self.model_id = inner.model_id
+        self.endpoint = endpoint or model_endpoint(inner)
         # The inner model's fixed context window (the embedded llama.cpp model's 8192), if it has
         # one: DRIFT and local search fit their budgets to it (`fit_to_window`) through this wrapper.
         self.n_ctx = getattr(inner, "n_ctx", None)
@@ -198,7 +222,7 @@ class CachedChatModel:
         params: ChatParams | None = None,
         response_model: type[BaseModel] | None = None,
     ) -> ChatResult:
-        key = cache_key(self.model_id, messages, params, response_model)
+        key = self.key(messages, params, response_model)
         cached = await asyncio.to_thread(self.store.get, key)
         if cached is not None:
             self.hits += 1
@@ -208,8 +232,12 @@ class CachedChatModel:
                               raw={"cache": "hit", "original_usage": dataclasses.asdict(original)})
         self.misses += 1
         result = await self.inner.complete(messages, params=params, response_model=response_model)
-        await asyncio.to_thread(self.store.put, key, self.model_id, result.text, result.usage)
+        await asyncio.to_thread(self.store.put, key, self.endpoint, self.model_id, result.text, result.usage)
         return result
+
+    def key(self, messages: Sequence[Message], params: ChatParams | None,
+            response_model: type[BaseModel] | None) -> bytes:
+        return cache_key(self.endpoint, self.model_id, messages, params, response_model)
 
     async def aclose(self) -> None:
         self.store.close()  # reopened if the model is used again
@@ -231,7 +259,7 @@ class CachedStream(GeneratorStream):
 
     async def _run(self) -> AsyncIterator[str]:
         owner = self._owner
-        key = cache_key(owner.model_id, self._messages, self._params, None)
+        key = owner.key(self._messages, self._params, None)
         cached = await asyncio.to_thread(owner.store.get, key)
         if cached is not None:
             owner.hits += 1
@@ -248,4 +276,4 @@ class CachedStream(GeneratorStream):
         finally:
             await inner.aclose()
         self.usage = inner.usage
-        await asyncio.to_thread(owner.store.put, key, owner.model_id, "".join(parts), inner.usage)
+        await asyncio.to_thread(owner.store.put, key, owner.endpoint, owner.model_id, "".join(parts), inner.usage)

@@ -109,6 +109,8 @@ class LlamaCppChatModel:
         key = _ModelKey(str(Path(model_path).resolve()), n_ctx, n_threads, seed)
         with self._loaded_lock:  # one instance per file and settings, per process
             self._model = self._loaded.setdefault(key, _LoadedModel(key))
+        # What answers depend on besides the prompt, for the response cache's key.
+        self.endpoint = f"llama.cpp:{key.path}?n_ctx={n_ctx}&seed={seed}&repeat_penalty={repeat_penalty:g}"
 
     @classmethod
     def from_settings(cls, settings: ModelSettings) -> LlamaCppChatModel:

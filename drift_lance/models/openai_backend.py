@@ -456,6 +456,11 @@ class OpenAIChatModel:
     def limiter(self) -> ConcurrencyLimiter:
         return self._endpoint.limiter
 
+    @property
+    def endpoint(self) -> str:
+        """The base URL, or the Azure resource (whose deployment is `model_id`)."""
+        return self._endpoint.endpoint
+
     async def aclose(self) -> None:
         await self._endpoint.aclose()
 
