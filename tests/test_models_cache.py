@@ -356,3 +356,18 @@ async def test_a_cache_bound_of_zero_is_unbounded_and_the_setting_reaches_the_st
     chat = get_chat_model(openai_settings.model_copy(update={"cache_dir": tmp_path / "b", "cache_max_bytes": 10**6}))
     assert chat.store.max_bytes == 10**6
     await chat.aclose()
+
+
+async def test_a_stored_structured_answer_that_no_longer_validates_is_asked_again(tmp_path):
+    """An entry that does not parse for its schema (stored by a version that validated or repaired
+    differently) failed that call with StructuredOutputError on every repeat until the cache was
+    deleted; it is now a miss, and the fresh answer replaces it."""
+    from drift_lance.models.base import Usage
+
+    cached = CachedChatModel(ScriptedChatModel(['{"answer": "fresh"}']), tmp_path)
+    key = cached.key(Q, None, Answer)
+    cached.store.put(key, cached.endpoint, cached.model_id, "no JSON here", Usage(1, 1, 1))
+    assert (await cached.complete(Q, response_model=Answer)).parsed == Answer(answer="fresh")
+    hit = await cached.complete(Q, response_model=Answer)
+    assert hit.raw["cache"] == "hit" and hit.parsed == Answer(answer="fresh")
+    assert len(cached.inner.calls) == 1

@@ -28,7 +28,16 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from drift_lance.errors import ConfigError
-from drift_lance.models.base import ChatModel, ChatParams, ChatResult, GeneratorStream, Message, Usage, aclose_models
+from drift_lance.models.base import (
+    ChatModel,
+    ChatParams,
+    ChatResult,
+    GeneratorStream,
+    Message,
+    StructuredOutputError,
+    Usage,
+    aclose_models,
+)
 from drift_lance.models.structured import parse_structured, response_schema
 
 log = logging.getLogger(__name__)
@@ -285,11 +294,18 @@ class CachedChatModel:
         key = self.key(messages, params, response_model)
         cached = await asyncio.to_thread(self.store.get, key)
         if cached is not None:
-            self.hits += 1
             text, original = cached
-            parsed = parse_structured(text, response_model) if response_model else None
-            return ChatResult(text=text, usage=Usage(cached=True), parsed=parsed, model=self.model_id,
-                              raw={"cache": "hit", "original_usage": dataclasses.asdict(original)})
+            try:
+                parsed = parse_structured(text, response_model) if response_model else None
+            except StructuredOutputError:
+                # Stored by a version that validated differently: asked again (and replaced), not
+                # failed on every repeat until the cache is deleted.
+                log.info("response cache %s: a stored %s no longer validates; asking the model", self.store.path,
+                         response_model.__name__ if response_model else "answer")
+            else:
+                self.hits += 1
+                return ChatResult(text=text, usage=Usage(cached=True), parsed=parsed, model=self.model_id,
+                                  raw={"cache": "hit", "original_usage": dataclasses.asdict(original)})
         self.misses += 1
         result = await self.inner.complete(messages, params=params, response_model=response_model)
         await asyncio.to_thread(self.store.put, key, self.endpoint, self.model_id, result.text, result.usage)
