@@ -132,8 +132,6 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
         # Loading model weights (embedded defaults) must not block the event loop.
         chat = await asyncio.to_thread(get_chat_model, settings.models)
         embedder = await asyncio.to_thread(get_embedder, settings.models)
-        if uses_bundled_chat_model(settings.models):
-            print(f"drift-lance {args.command}: {BUNDLED_CHAT_NOTICE}", file=sys.stderr)
         freeze_long_lived_objects()  # no 0.1 s full collection of start-up objects mid-query
         if args.method == "local":
             from drift_lance.local import LocalContextBuilder, LocalSearch
@@ -145,8 +143,10 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
         else:
             search = _drift_search(store, chat, embedder, settings, config)
             callbacks = [_Progress(sys.stderr)] if sys.stderr.isatty() and not args.json else []
-            for progress in callbacks:
-                progress.on_query_start(config)
+        if uses_bundled_chat_model(settings.models):  # once the search is built: not before its setup errors
+            print(f"drift-lance {args.command}: {BUNDLED_CHAT_NOTICE}", file=sys.stderr)
+        for progress in callbacks:
+            progress.on_query_start(config)
         return await _run_search(search, args, callbacks)
     finally:
         try:
