@@ -175,7 +175,7 @@ class IndexWriter:
                     for t in tables
                     if t.vectors is not None
                 },
-                ingested_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                ingested_at=datetime.now(UTC).isoformat(timespec="microseconds"),  # tells two ingests apart (a database re-made within a second)
                 drift_lance_version=drift_lance.__version__,
                 options=options,
             )

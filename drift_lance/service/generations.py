@@ -162,7 +162,7 @@ def ingested_anew(served: Any, manifests: list[Any]) -> bool:
 
 
 def same_manifest(a: Any, b: Any) -> bool:
-    """The same ingest: generation, time and pinned table versions (ingested_at has whole seconds)."""
+    """The same ingest: generation, time (microseconds; whole seconds before) and pinned table versions."""
     return (a.generation, a.ingested_at, {t: i.version for t, i in a.tables.items()}) == (
         b.generation, b.ingested_at, {t: i.version for t, i in b.tables.items()})
 
