@@ -154,7 +154,9 @@ def test_export_json_graphml_and_html(tmp_path):
     graphml = nx.read_graphml(export_graph(graph, tmp_path / "g.graphml"))
     assert graphml.number_of_nodes() == 4 and graphml.number_of_edges() == 3
     assert graphml.nodes["0"]["query"] == "Who leads Dulce?"
-    assert graphml.nodes["2"]["score"] == "-inf" and "TimeoutError" in graphml.nodes["2"]["error"]
+    assert graphml.nodes["0"]["score"] == 60.0  # a number, for tools that sort or colour by it
+    assert "score" not in graphml.nodes["1"]  # not answered yet
+    assert "score" not in graphml.nodes["2"] and "TimeoutError" in graphml.nodes["2"]["error"]
 
     page = export_graph(graph, tmp_path / "g.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "<svg" in page

@@ -40,8 +40,9 @@ def export_graph(state: dict[str, Any], path: str | Path) -> Path:
 
 
 def to_graphml_graph(state: dict[str, Any]) -> nx.MultiDiGraph:
-    """A networkx graph with GraphML-safe attributes (strings and numbers only; scores of failed
-    actions stay the string "-inf")."""
+    """A networkx graph with GraphML-safe attributes: strings and numbers only, `score` a double on
+    scored actions and absent on unscored and failed ones (those carry `error`), so tools that sort
+    or colour by it read numbers."""
     graph = nx.MultiDiGraph()
     for node in state.get("nodes", []):
         metadata = node.get("metadata") or {}
@@ -49,7 +50,7 @@ def to_graphml_graph(state: dict[str, Any]) -> nx.MultiDiGraph:
             str(node["id"]),
             query=node.get("query") or "",
             answer=node.get("answer") or "",
-            score=_graphml_score(node.get("score")),
+            **_graphml_score(node.get("score")),
             depth=int(node.get("depth") or 0),
             error=str(metadata.get("error", "")),
             llm_calls=int(metadata.get("llm_calls", 0)),
@@ -61,9 +62,14 @@ def to_graphml_graph(state: dict[str, Any]) -> nx.MultiDiGraph:
     return graph
 
 
-def _graphml_score(score: Any) -> str:
-    # GraphML attributes need one type per key; a string keeps "-inf" and "" (unscored) exact.
-    return "" if score is None else str(score)
+def _graphml_score(score: Any) -> dict[str, float]:
+    # One type per GraphML key: a double, left out where there is no finite score (a failed
+    # action's -inf is no number GraphML readers agree on).
+    try:
+        value = float(score)
+    except (TypeError, ValueError):
+        return {}
+    return {"score": value} if math.isfinite(value) else {}
 
 
 # ---------------------------------------------------------------- HTML
