@@ -170,3 +170,36 @@ def test_a_call_cancelled_while_queued_for_the_model_never_starts(smollm, monkey
     stop.set()  # what cancelling the caller does
     usage = smollm._generate({"messages": [{"role": "user", "content": "hi"}]}, lambda delta: None, stop)
     assert Recorder.calls == 0 and usage.calls == 0
+
+
+@pytest.mark.slow
+async def test_cancelling_a_call_stops_llama_cpp_mid_prompt_and_leaves_the_model_clean(smollm, no_network, capsys):
+    """Ctrl-C (or a timeout) during a long prompt's evaluation waited for the whole prompt: llama.cpp
+    only stopped between tokens, so `drift-lance demo` took 15-20 s to exit on a DRIFT primer. Its
+    abort callback now stops it mid-prompt, silently, and the next call answers as on a fresh model."""
+    import time
+
+    sentence = "The keeper logged the storm and the ships that passed the point that night. "
+    await smollm.complete([Message("user", "Hi")], params=ChatParams(max_tokens=1))  # loads the model
+    started = time.perf_counter()  # one llama.cpp batch (n_batch=512 tokens), timed on this machine
+    calibration = await smollm.complete([Message("user", "Ships: " + sentence * 30)], params=ChatParams(max_tokens=1))
+    batch_seconds = time.perf_counter() - started
+    assert 400 < calibration.usage.prompt_tokens <= 512
+
+    # ~1,700 tokens: at least three more batches, each slower than the first (attention grows)
+    task = asyncio.create_task(smollm.complete([Message("user", "Log: " + sentence * 110)],
+                                               params=ChatParams(max_tokens=4)))
+    await asyncio.sleep(batch_seconds / 4)  # inside the first batch
+    cancelled_at = time.perf_counter()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.perf_counter() - cancelled_at < batch_seconds  # the rest of the prompt would take 3x that
+
+    question = [Message("user", "Name three things a lighthouse keeper does.")]
+    sampled = ChatParams(temperature=0.8, seed=7, max_tokens=24)
+    after_abort = await smollm.complete(question, params=sampled)
+    fresh = LlamaCppChatModel(default_gguf_path(), n_ctx=smollm.n_ctx, seed=1)  # another instance: no shared state
+    assert fresh._model is not smollm._model
+    assert after_abort.text == (await fresh.complete(question, params=sampled)).text
+    assert capsys.readouterr().err == ""  # llama.cpp's "removing memory module entries" warning is not shown

