@@ -260,6 +260,15 @@ def test_cli_context_bad_input_exits_2_naming_the_problem(dulce_db_uri, argv_tai
     assert message in capsys.readouterr().err
 
 
+def test_cli_context_props_over_one_name_the_rule_not_every_setting(dulce_db_uri, capsys):
+    """The cross-field rule used to append "got {...}": the whole settings dict, every field."""
+    from drift_lance.cli import main
+
+    assert main(["context", "q", "--db", dulce_db_uri, "--set", "community_prop=0.6"]) == 2
+    err = capsys.readouterr().err
+    assert err == "drift-lance context: error: local search settings: community_prop + text_unit_prop must be <= 1 (got 0.6 + 0.5)\n"
+
+
 def test_cli_set_takes_text_as_written_and_lists_as_one_title_or_json(dulce_db_uri, capsys):
     """"|" is the default delimiter and titles contain colons: YAML must not get to reinterpret them."""
     from drift_lance.cli import main

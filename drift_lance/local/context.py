@@ -219,9 +219,7 @@ class LocalContextBuilder:
         try:
             return LocalSearchConfig.model_validate({**self.config.model_dump(), **values})
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'local'}: {e['msg']}, got {e['input']!r}"
-                                 f"{' (from --set ' + str(e['loc'][0]) + ')' if e['loc'] and e['loc'][0] in overrides else ''}"
-                                 for e in exc.errors())
+            problems = "; ".join(_describe_problem(error, overrides) for error in exc.errors())
             raise ConfigError(f"local search settings: {problems}") from None
 
     def tokenizer_for(self, config: LocalSearchConfig) -> Tokenizer:
@@ -686,6 +684,17 @@ def _with_membership(frame: pl.DataFrame, level: int) -> pl.DataFrame:
     membership = pl.from_arrow(pa.array(memberships, type=pa.list_(pa.int64())))
     assert isinstance(membership, pl.Series)
     return frame.hstack([membership.alias("membership")])
+
+
+def _describe_problem(error: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
+    """One validation problem: the field, the message and the value given. A rule across fields
+    (community_prop + text_unit_prop) has no field and its message already names the values;
+    its input is the whole settings dict, which is not repeated."""
+    loc = error["loc"]
+    if not loc:
+        return str(error["msg"]).removeprefix("Value error, ")
+    origin = f" (from --set {loc[0]})" if loc[0] in overrides else ""
+    return f"{'.'.join(map(str, loc))}: {error['msg']}, got {error['input']!r}{origin}"
 
 
 def _report_content(cfg: LocalSearchConfig) -> str:
