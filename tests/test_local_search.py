@@ -92,6 +92,19 @@ async def test_conversation_history_opens_the_context(dulce_store, query_vector)
         await search.search("q", query_vector=query_vector, conversation_history=[{"role": "bot", "content": "x"}])
 
 
+async def test_history_turn_content_must_be_text(dulce_store, query_vector):
+    """A turn's content went through str(): None became "None" and OpenAI content parts their
+    Python repr, in the prompt and in the text mapped to entities."""
+    builder = LocalContextBuilder(dulce_store)
+    history = [{"role": "user", "content": "Who is Alex Mercer?"}, {"role": "assistant", "content": None}]
+    context = await builder.build("q", query_vector=query_vector, conversation_history=history,
+                                  conversation_history_user_turns_only=False)
+    assert context.context_text.startswith("-----Conversation History-----\nturn|content\nuser|Who is Alex Mercer?\nassistant|\n\n")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Who is Alex Mercer?"}]}]
+    with pytest.raises(ConfigError, match=r"^conversation_history\[0\]\.content: expected text, got list$"):
+        await builder.build("q", query_vector=query_vector, conversation_history=parts)
+
+
 async def test_embedder_must_match_the_index_vectors(dulce_store):
     search = LocalSearch(ScriptedChatModel([ANSWER]), LocalContextBuilder(dulce_store), embedder=HashEmbedder(64))
     with pytest.raises(EmbeddingMismatchError, match="3072"):

@@ -44,7 +44,11 @@ class ConversationHistory:
             role, content = (item.role, item.content) if isinstance(item, Message) else (item.get("role", "user"), item.get("content", ""))
             if role not in _ROLES:
                 raise ConfigError(f"conversation_history[{index}].role: {role!r} is not one of {', '.join(_ROLES)}")
-            turns.append(Turn(role, str(content)))
+            if content is None:  # an OpenAI-style turn without text
+                content = ""
+            if not isinstance(content, str):  # content parts or any other object: its repr would reach the prompt
+                raise ConfigError(f"conversation_history[{index}].content: expected text, got {type(content).__name__}")
+            turns.append(Turn(role, content))
         return cls(turns)
 
     def __bool__(self) -> bool:
