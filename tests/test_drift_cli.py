@@ -266,7 +266,8 @@ def test_the_bundled_demo_chat_model_is_named_when_it_answers(monkeypatch, tmp_p
     assert not uses_bundled_chat_model(ModelSettings())
 
 
-def test_the_bundled_model_notice_does_not_precede_a_setup_error(monkeypatch, dulce_db_uri, capsys):
+@pytest.mark.parametrize("method", ["drift", "local"])
+def test_the_bundled_model_notice_does_not_precede_a_setup_error(monkeypatch, dulce_db_uri, capsys, method):
     """Without an endpoint the embedded embedder (384-d) cannot search dulce's 3072-d vectors: the
     query must fail with that error alone, not first announce that SmolLM2 is answering."""
     import drift_lance.models as models
@@ -275,6 +276,6 @@ def test_the_bundled_model_notice_does_not_precede_a_setup_error(monkeypatch, du
     for var in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "AZURE_OPENAI_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(models, "get_chat_model", lambda settings=None: ScriptedChatModel([]))  # no weights to load
-    assert main(["query", QUERY, "--db", dulce_db_uri]) == 2
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--method", method]) == 2
     err = capsys.readouterr().err
     assert "3072" in err and "SmolLM2" not in err

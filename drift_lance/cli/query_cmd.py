@@ -134,9 +134,10 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
         embedder = await asyncio.to_thread(get_embedder, settings.models)
         freeze_long_lived_objects()  # no 0.1 s full collection of start-up objects mid-query
         if args.method == "local":
-            from drift_lance.local import LocalContextBuilder, LocalSearch
+            from drift_lance.local import LocalContextBuilder, LocalSearch, check_embedder_compatible
             from drift_lance.models.tokens import get_tokenizer
 
+            check_embedder_compatible(store, embedder)  # a setup error, as DRIFT's is: before the model notice
             builder = LocalContextBuilder(store, tokenizer=get_tokenizer(config.encoding), config=config)
             search: Any = LocalSearch(chat, builder, embedder=embedder, config=config)
             callbacks: list[DriftCallbacks] = []
