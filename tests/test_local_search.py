@@ -69,6 +69,26 @@ async def test_answer_timeout_raises_model_error(dulce_store, query_vector):
     assert model.in_flight == 0  # the timed-out calls were cancelled
 
 
+async def test_per_call_answer_settings_are_honoured(dulce_store, query_vector, tmp_path):
+    """search(..., llm_timeout=..., prompt=...) was validated and then ignored: the answer used the
+    search's own timeout and prompt."""
+    slow = ScriptedChatModel([ANSWER, ANSWER], delay=30)
+    search = LocalSearch(slow, LocalContextBuilder(dulce_store))
+    with pytest.raises(ModelError, match="llm_timeout"):
+        await search.search("q", query_vector=query_vector, llm_timeout=0.05)
+    with pytest.raises(ModelError, match="llm_timeout"):
+        await search.stream_search("q", query_vector=query_vector, llm_timeout=0.05).text()
+    assert slow.in_flight == 0
+
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Mine. {response_type}\n{context_data}")
+    model = ScriptedChatModel([ANSWER, ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store))
+    await search.search("q", query_vector=query_vector, prompt=str(prompt))
+    await search.stream_search("q", query_vector=query_vector, prompt=str(prompt)).text()
+    assert [call.messages[0].content.startswith("Mine. multiple paragraphs\n-----") for call in model.calls] == [True, True]
+
+
 @pytest.mark.parametrize("llm_timeout", [None, 60.0])
 async def test_the_models_own_timeout_is_reported_as_the_models(dulce_store, query_vector, llm_timeout):
     model = ScriptedChatModel([TimeoutError("read timed out"), TimeoutError("read timed out")])

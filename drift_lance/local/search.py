@@ -90,10 +90,18 @@ class LocalSearch:
         # The builder already holds its own config; pass ours only when it is a different one.
         return {} if self.config is self.builder.config else self.config.model_dump()
 
-    def messages(self, query: str, context: LocalContext, response_type: str | None = None) -> list[Message]:
-        prompt = self.system_prompt.format(
-            context_data=context.context_text, response_type=response_type or self.config.response_type
-        )
+    def call_config(self, overrides: dict[str, Any]) -> LocalSearchConfig:
+        """The settings of one call: ours with its overrides (ConfigError naming a bad one)."""
+        return self.builder.resolve_config({**self._config_overrides(), **overrides}) if overrides else self.config
+
+    def messages(
+        self, query: str, context: LocalContext, response_type: str | None = None, *, config: LocalSearchConfig | None = None
+    ) -> list[Message]:
+        """System prompt with the context and answer format, then the query. `config` (from
+        `call_config`) may name another prompt file or response_type than the search's own."""
+        config = config or self.config
+        template = self.system_prompt if config.prompt == self.config.prompt else load_local_prompt(config.prompt)
+        prompt = template.format(context_data=context.context_text, response_type=response_type or config.response_type)
         return [Message("system", prompt), Message("user", query)]
 
     async def search(
@@ -107,9 +115,10 @@ class LocalSearch:
     ) -> SearchResult:
         started = time.perf_counter()
         query = checked_question(query)
+        config = self.call_config(overrides)  # per-call llm_timeout / prompt / response_type are the answer's
         context = await self.build_context(query, query_vector=query_vector, conversation_history=conversation_history, **overrides)
-        messages = self.messages(query, context, response_type)
-        result = await within(self.model.complete(messages, params=self.params), self.config.llm_timeout, "local search answer")
+        messages = self.messages(query, context, response_type, config=config)
+        result = await within(self.model.complete(messages, params=self.params), config.llm_timeout, "local search answer")
         return _result(result.text, context, result.usage, started)
 
     def stream_search(
@@ -125,7 +134,7 @@ class LocalSearch:
         built before the first delta; closing the stream early cancels the model call."""
         return LocalStream(
             self, checked_question(query), query_vector=query_vector, conversation_history=conversation_history,
-            response_type=response_type, overrides=overrides,
+            response_type=response_type, overrides=overrides, config=self.call_config(overrides),
         )
 
 
@@ -133,22 +142,24 @@ class LocalStream(GeneratorStream):
     """Text deltas of one local search; `result` (a SearchResult) is set once it is exhausted."""
 
     def __init__(self, search: LocalSearch, query: str, *, query_vector: Any, conversation_history: Any,
-                 response_type: str | None, overrides: dict[str, Any]):
+                 response_type: str | None, overrides: dict[str, Any], config: LocalSearchConfig):
         super().__init__()
         self._search = search
         self._query = query
         self._kwargs = dict(query_vector=query_vector, conversation_history=conversation_history, **overrides)
         self._response_type = response_type
+        self._config = config
         self.result: SearchResult | None = None
 
     async def _run(self) -> AsyncIterator[str]:
         search = self._search
         started = time.perf_counter()
         context = await search.build_context(self._query, **self._kwargs)
-        stream = search.model.stream(search.messages(self._query, context, self._response_type), params=search.params)
+        messages = search.messages(self._query, context, self._response_type, config=self._config)
+        stream = search.model.stream(messages, params=search.params)
         parts: list[str] = []
         try:
-            async with aclosing(deltas_within(aiter(stream), search.config.llm_timeout, "local search stream")) as deltas:
+            async with aclosing(deltas_within(aiter(stream), self._config.llm_timeout, "local search stream")) as deltas:
                 async for delta in deltas:
                     parts.append(delta)
                     yield delta
