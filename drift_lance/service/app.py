@@ -59,6 +59,20 @@ def _config_by_method() -> dict[str, Any]:
     return {"allOf": [{"if": local, "then": config_of(LocalSearchConfig), "else": config_of(DRIFTSearchConfig)}]}
 
 
+def _union_properties(*per_method: dict[str, Any]) -> dict[str, Any]:
+    """Every method's `config` fields. A field two methods type differently takes either schema:
+    the `config` property applies whatever the method, so one method's alone refused values the
+    other takes (drift's `community_level` may be null, local's may not)."""
+    union: dict[str, Any] = {}
+    for properties in per_method:
+        for name, schema in properties.items():
+            if name in union and union[name] != schema:
+                union[name] = {"anyOf": [union[name], schema]}
+            else:
+                union[name] = schema
+    return union
+
+
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_config_by_method())
 
@@ -69,7 +83,8 @@ class SearchRequest(BaseModel):
         description="Per-request overrides of numeric/boolean fields of the method's config "
         "(DRIFTSearchConfig fields for drift, LocalSearchConfig fields for local), within the server's "
         "caps; other fields are rejected with 422.",
-        json_schema_extra={"properties": {**_override_properties(DRIFTSearchConfig), **_override_properties(LocalSearchConfig)},
+        json_schema_extra={"properties": _union_properties(_override_properties(DRIFTSearchConfig),
+                                                           _override_properties(LocalSearchConfig)),
                            "additionalProperties": False},
     )
     include_context: StrictBool = Field(
