@@ -174,6 +174,39 @@ def test_openapi_gives_config_the_fields_of_the_request_method(server):
             assert (answer.status_code == 200) is valid, (body, answer.text)
 
 
+def test_openapi_gives_config_this_servers_caps_and_defaults(service_settings, live_server):
+    """The request schema is the one this server applies: a client validating from the document
+    sends nothing the server refuses for a cap, a negative number, a null "no limit" or a
+    server-only field, and shows as defaults the values the server uses for fields left out."""
+    import jsonschema
+
+    settings = service_settings.with_updates({"service.caps.n_depth": 2, "service.caps.token_budget": 8000,
+                                              "service.caps.server_only": ["concurrency", "context_concurrency",
+                                                                           "llm_timeout", "seed"],
+                                              "service.max_query_chars": 50, "service.search_timeout_seconds": 60,
+                                              "local.top_k_entities": 7})
+    srv = start(live_server, settings)
+    with srv.client() as client:
+        document = client.get("/openapi.json").json()
+        schema = {**document["components"]["schemas"]["SearchRequest"], "components": document["components"]}
+        validator = jsonschema.Draft202012Validator(schema)
+        for body, valid in [({"query": "q", "config": {"n_depth": 2}}, True),
+                            ({"query": "q", "config": {"n_depth": 3}}, False),
+                            ({"query": "q", "config": {"data_max_tokens": 8001}}, False),
+                            ({"query": "q", "config": {"hyde_max_tokens": None}}, False),  # no limit: past the cap
+                            ({"query": "q", "config": {"time_budget": 61}}, False),  # the search timeout caps it
+                            ({"query": "q", "config": {"seed": 3}}, False),  # server-only here
+                            ({"query": "q", "method": "local", "config": {"min_community_rank": -1}}, False),
+                            ({"query": "q" * 51}, False)]:
+            assert validator.is_valid(body) is valid, body
+            answer = client.post("/v1/search", json=body)
+            assert (answer.status_code == 200) is valid, (body, answer.text)
+    by_method = schema["allOf"][0]
+    drift, local = (by_method[branch]["properties"]["config"]["properties"] for branch in ("else", "then"))
+    assert drift["n_depth"]["default"] == 1 and drift["time_budget"]["default"] == 60  # service_settings', the timeout
+    assert local["top_k_entities"]["default"] == 7
+
+
 def test_ready_service_exempts_its_start_up_objects_from_garbage_collection(service_settings, live_server, unfrozen_gc):
     """Full collections would otherwise walk every import-time object and stop the event loop for
     ~0.1 s every few searches."""

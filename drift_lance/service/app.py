@@ -41,22 +41,25 @@ log = logging.getLogger("drift_lance.service")
 OPEN_PATHS = ("/healthz", "/readyz")
 
 
-def _override_properties(model: type[BaseModel]) -> dict[str, Any]:
+def _override_properties(model: type[BaseModel], server_only: list[str] | None = None) -> dict[str, Any]:
     """JSON schema of every field of `model` a request may override."""
     schema = model.model_json_schema()["properties"]
-    return {name: schema[name] for name in sorted(overridable_fields(model, RequestCaps().server_only))}
+    fields = overridable_fields(model, RequestCaps().server_only if server_only is None else server_only)
+    return {name: schema[name] for name in sorted(fields)}
 
 
-def _config_by_method() -> dict[str, Any]:
+def _config_by_method(drift: dict[str, Any] | None = None, local: dict[str, Any] | None = None) -> dict[str, Any]:
     """`config`'s fields per method, for the OpenAPI document: DRIFTSearchConfig's for drift (the
     default method), LocalSearchConfig's for local. The `config` property itself lists the union,
     for clients that do not read `if`/`then`."""
 
-    def config_of(model: type[BaseModel]) -> dict[str, Any]:
-        return {"properties": {"config": {"properties": _override_properties(model), "additionalProperties": False}}}
+    def config_of(properties: dict[str, Any]) -> dict[str, Any]:
+        return {"properties": {"config": {"properties": properties, "additionalProperties": False}}}
 
-    local = {"properties": {"method": {"const": "local"}}, "required": ["method"]}
-    return {"allOf": [{"if": local, "then": config_of(LocalSearchConfig), "else": config_of(DRIFTSearchConfig)}]}
+    is_local = {"properties": {"method": {"const": "local"}}, "required": ["method"]}
+    return {"allOf": [{"if": is_local,
+                       "then": config_of(_override_properties(LocalSearchConfig) if local is None else local),
+                       "else": config_of(_override_properties(DRIFTSearchConfig) if drift is None else drift)}]}
 
 
 def _union_properties(*per_method: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +205,9 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:  # FastAPI caches the document it generates: add to it once
-            add_stream_events(generate_openapi(), "/v1/search/stream")
+            document = generate_openapi()
+            add_stream_events(document, "/v1/search/stream")
+            _describe_served_requests(document["components"]["schemas"]["SearchRequest"], state)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -212,6 +217,70 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
         return JSONResponse(app.openapi())
 
     return app
+
+
+def _describe_served_requests(request: dict[str, Any], state: _ServiceState) -> None:
+    """Make the SearchRequest schema the one this server applies, so a client generated or
+    validating from the document sends what the server takes: its `max_query_chars` as the query's
+    maxLength; per `config` field its cap as maximum (null, "no limit", is past a cap, so not
+    offered), the server's refusal of negative numbers, the value it uses when the field is left
+    out as default, and its `server_only` fields left out."""
+    request["properties"]["query"]["maxLength"] = state.settings.service.max_query_chars
+    served = {method: _served_properties(state, method) for method in ("drift", "local")}
+    request["properties"]["config"]["properties"] = _union_properties(served["drift"], served["local"])
+    request.update(_config_by_method(served["drift"], served["local"]))
+
+
+def _served_properties(state: _ServiceState, method: Method) -> dict[str, Any]:
+    caps = state.request_caps
+    base = _served_defaults(state, method)
+    model = DRIFTSearchConfig if method == "drift" else LocalSearchConfig
+    return {name: _served_field(schema, caps.cap_for(name), base[name])
+            for name, schema in _override_properties(model, caps.server_only).items()}
+
+
+def _served_defaults(state: _ServiceState, method: Method) -> dict[str, Any]:
+    """What a search of `method` uses for each field a request leaves out."""
+    base = state.backend.base_config(method).model_dump(mode="json")
+    if method == "drift":
+        base["time_budget"] = _drift_time_budget(base["time_budget"], state.settings.service.search_timeout_seconds)
+    return base
+
+
+def _served_field(schema: dict[str, Any], cap: float | None, default: Any) -> dict[str, Any]:
+    served = {key: value for key, value in schema.items() if key != "anyOf"}
+    if "anyOf" in schema:
+        kinds = [kind for kind in schema["anyOf"] if cap is None or kind.get("type") != "null"]
+        kinds = [_within_cap(kind, cap) for kind in kinds]
+        served.update(kinds[0] if len(kinds) == 1 else {"anyOf": kinds})
+    else:
+        served = _within_cap(served, cap)
+    if default is None and cap is not None:
+        # The server's own "no limit", which a request cannot ask for past a cap: no valid default.
+        served.pop("default", None)
+        served["description"] = f"{served.get('description', '')} Left out: no limit.".strip()
+    else:
+        served["default"] = default
+    return served
+
+
+def _within_cap(kind: dict[str, Any], cap: float | None) -> dict[str, Any]:
+    """A numeric schema bounded as `resolve_search_config` bounds it: at least 0, at most `cap`."""
+    if kind.get("type") not in ("integer", "number"):
+        return kind
+    kind = dict(kind)
+    if "minimum" not in kind and "exclusiveMinimum" not in kind:
+        kind["minimum"] = 0
+    if cap is not None:
+        cap = int(cap) if float(cap).is_integer() else cap
+        kind["maximum"] = min(kind.get("maximum", cap), cap)
+    return kind
+
+
+def _drift_time_budget(requested: float | None, search_timeout: float) -> float:
+    """A DRIFT search's time budget: the one asked for within the search timeout, which is also the
+    budget of a search that asks for none."""
+    return min(requested or search_timeout, search_timeout)
 
 
 async def _start_backend(state: _ServiceState) -> None:
@@ -443,8 +512,7 @@ def _validated(state: _ServiceState, body: SearchRequest) -> tuple[Method, Any]:
     state.require_ready()
     config = resolve_search_config(state.backend.base_config(body.method), body.config, state.request_caps)
     if body.method == "drift":
-        budget = min(config.time_budget or cfg.search_timeout_seconds, cfg.search_timeout_seconds)
-        config = config.model_copy(update={"time_budget": budget})
+        config = config.model_copy(update={"time_budget": _drift_time_budget(config.time_budget, cfg.search_timeout_seconds)})
     return body.method, config
 
 
