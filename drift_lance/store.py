@@ -14,14 +14,20 @@ from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from drift_lance.errors import StoreError
 
 __all__ = ["AnnCalibration", "IndexStore", "Manifest", "StoreError", "TableInfo", "VectorColumnInfo"]
 
+# The manifest is served as JSON with every field (GET /v1/index): its JSON schema says so, so a client
+# generated from the OpenAPI document types no field as optional. Reading a manifest keeps the defaults.
+_SERVED_IN_FULL = ConfigDict(json_schema_serialization_defaults_required=True)
+
 
 class VectorColumnInfo(BaseModel):
+    model_config = _SERVED_IN_FULL
+
     table: str
     dimension: int
     model: str = "unknown"  # embedding model id; "unknown" for reused vectors of unnamed origin
@@ -32,6 +38,8 @@ class AnnCalibration(BaseModel):
     """ANN query parameters measured by ingest on the built index: the fewest probed partitions whose
     recall@10 against exact search reached `target_recall` on sample queries, with 95% confidence
     (see `ingest.calibrate`)."""
+
+    model_config = _SERVED_IN_FULL
 
     nprobes: int
     refine_factor: int | None
@@ -45,6 +53,8 @@ class AnnCalibration(BaseModel):
 
 
 class TableInfo(BaseModel):
+    model_config = _SERVED_IN_FULL
+
     name: str
     version: int  # LanceDB table version pinned by this manifest
     rows: int
@@ -55,6 +65,8 @@ class TableInfo(BaseModel):
 
 
 class Manifest(BaseModel):
+    model_config = _SERVED_IN_FULL
+
     generation: int  # increases by one per completed ingest
     source_path: str
     layout: str  # e.g. "graphrag-3", "graphrag-1", "graphrag-0.4"

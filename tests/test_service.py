@@ -132,8 +132,65 @@ def test_every_stream_event_matches_the_schema_openapi_names_for_it(service_sett
     assert set(named) == {"primer", "action", "token", "done", "error"} == {name for name, _ in events}
     for name, data in events:
         jsonschema.validate(data, {**named[name], "components": document["components"]})
+        assert_sent_fields_required(document, named[name], data)
     with pytest.raises(jsonschema.ValidationError):  # the schemas are closed: a renamed field would show
         jsonschema.validate({**events[0][1], "follow_up": []}, {**named[events[0][0]], "components": document["components"]})
+
+
+def assert_as_documented(document: dict, path: str, method: str, response: httpx.Response) -> None:
+    """`response` is one the OpenAPI document declares for its route and status, and matches that
+    schema; every field it carries is a required one there (a generated client types nothing the
+    server always sends as optional)."""
+    import jsonschema
+
+    declared = document["paths"][path][method]["responses"].get(str(response.status_code))
+    assert declared is not None, f"{method.upper()} {path} answered {response.status_code}, which the document does not declare"
+    media = response.headers["content-type"].split(";")[0]
+    schema = declared["content"][media]["schema"]
+    jsonschema.validate(response.json(), {**schema, "components": document["components"]})
+    assert_sent_fields_required(document, schema, response.json())
+
+
+def assert_sent_fields_required(document: dict, schema: dict, data: Any) -> None:
+    if "$ref" in schema:
+        schema = document["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    if not isinstance(data, dict) or "properties" not in schema:
+        return
+    assert set(data) <= set(schema.get("required", ())), (schema.get("title"), set(data) - set(schema.get("required", ())))
+    for name, value in data.items():
+        field = schema["properties"][name]
+        for kind in field.get("anyOf", [field]):
+            assert_sent_fields_required(document, kind, value)
+            if isinstance(value, dict) and isinstance(kind.get("additionalProperties"), dict):
+                for item in value.values():
+                    assert_sent_fields_required(document, kind["additionalProperties"], item)
+
+
+def test_every_response_is_one_the_document_declares_with_every_field_it_sends_required(service_settings, live_server,
+                                                                                       monkeypatch):
+    monkeypatch.setenv("DRIFT_LANCE_API_KEY", "s3cret")
+    srv = start(live_server, Settings.load(db=service_settings.db).with_updates(
+        {"drift.n_depth": 1, "drift.drift_k_followups": 2, "drift.primer_folds": 1}))
+    key = {"Authorization": "Bearer s3cret"}
+    with srv.client() as client:
+        document = client.get("/openapi.json", headers=key).json()
+        answers = [
+            ("/healthz", "get", client.get("/healthz")),
+            ("/readyz", "get", client.get("/readyz")),
+            ("/v1/index", "get", client.get("/v1/index", headers=key)),
+            ("/v1/index", "get", client.get("/v1/index")),
+            ("/v1/admin/reload", "post", client.post("/v1/admin/reload", headers=key)),
+            ("/v1/search", "post", client.post("/v1/search", headers=key, json={"query": "Who restored the lighthouse?"})),
+            ("/v1/search", "post", client.post("/v1/search", headers=key, json={"query": "q", "method": "local"})),
+            ("/v1/search", "post", client.post("/v1/search", headers=key, json={"query": "q", "config": {"n_depth": 9}})),
+            ("/v1/search", "post", client.post("/v1/search", headers=key, data={"query": "q"})),
+            ("/v1/search", "post", client.post("/v1/search", headers={**key, "Content-Type": "application/json"},
+                                               content=b"[" * 70_000)),
+            ("/v1/search/stream", "post", client.post("/v1/search/stream", headers=key, json={"query": "q", "x": 1})),
+        ]
+    assert {r.status_code for _, _, r in answers} == {200, 401, 413, 415, 422}
+    for path, method, response in answers:
+        assert_as_documented(document, path, method, response)
 
 
 def test_index_health_and_readiness(server):

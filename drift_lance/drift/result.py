@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["STAGES", "SearchResult", "to_jsonable"]
 
@@ -21,6 +21,10 @@ STAGES = ("build_context", "primer", "action", "reduce")
 
 
 class SearchResult(BaseModel):
+    # Serialised with every field (CLI --json, the service): its JSON schema says so, so a client
+    # generated from the OpenAPI document types none of them as optional.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
     response: str | dict[str, Any] | list[Any]
     # Local search: {section: [records]}. DRIFT: {action query: {section: [records]}}; the root
     # (primer) action's entry holds the community reports the primer read.

@@ -97,7 +97,13 @@ class SearchRequest(BaseModel):
     )
 
 
+# Responses carry every field: their schemas say so (a generated client types none as optional).
+_SENT_IN_FULL = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
 class Health(BaseModel):
+    model_config = _SENT_IN_FULL
+
     status: Literal["ok"] = "ok"
     version: str = __version__
 
@@ -112,6 +118,8 @@ class ReloadStatus(BaseModel):
 
 
 class ReadyStatus(BaseModel):
+    model_config = _SENT_IN_FULL
+
     status: Literal["ready", "starting", "failed"]
     store: bool
     models: bool

@@ -8,13 +8,15 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("drift_lance.service")
 
 
 class ErrorDetail(BaseModel):
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)  # `field` is always sent, null or not
+
     code: str
     message: str
     field: str | None = None

@@ -17,7 +17,8 @@ __all__ = ["STREAM_EVENTS", "ActionEvent", "DoneEvent", "PrimerEvent", "TokenEve
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # every field is sent, defaults too: the schemas say so (a generated client types none as optional)
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
 
 
 class PrimerEvent(_Event):
@@ -83,7 +84,7 @@ def add_stream_events(openapi: dict[str, Any], path: str) -> None:
     response of `path`."""
     components = openapi.setdefault("components", {}).setdefault("schemas", {})
     for model in STREAM_EVENTS.values():
-        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}", mode="serialization")
         for name, definition in schema.pop("$defs", {}).items():
             components.setdefault(name, definition)
         components.setdefault(model.__name__, schema)
