@@ -149,6 +149,10 @@ def assert_as_documented(document: dict, path: str, method: str, response: httpx
     schema = declared["content"][media]["schema"]
     jsonschema.validate(response.json(), {**schema, "components": document["components"]})
     assert_sent_fields_required(document, schema, response.json())
+    headers = {name.lower() for name in declared.get("headers", {})}
+    assert {"x-request-id", "retry-after"} & set(response.headers) <= headers, (path, response.status_code, headers)
+    if "error" in response.json():  # the status's description names the code a client can branch on
+        assert f"`{response.json()['error']['code']}`" in declared["description"], (path, response.text)
 
 
 def assert_sent_fields_required(document: dict, schema: dict, data: Any) -> None:
@@ -285,6 +289,9 @@ def test_readyz_reports_a_backend_that_failed_to_start(tmp_path, live_server, mo
             if ready.json()["status"] != "starting":
                 break
         search = client.post("/v1/search", json={"query": "q"})
+        document = client.get("/openapi.json").json()
+    assert_as_documented(document, "/readyz", "get", ready)
+    assert_as_documented(document, "/v1/search", "post", search)
     assert ready.status_code == 503
     assert ready.json()["status"] == "failed" and "never-ingested" in ready.json()["detail"]
     assert ready.json()["store"] is False
@@ -500,6 +507,7 @@ def test_a_new_generation_the_query_embedder_does_not_fit_is_not_switched_to(tmp
         reload = client.post("/v1/admin/reload")
         assert reload.status_code == 503 and _error(reload)["code"] == "reload_failed"
         assert "holds 32-d vectors" in _error(reload)["message"] and "produces 64-d vectors" in _error(reload)["message"]
+        assert_as_documented(client.get("/openapi.json").json(), "/v1/admin/reload", "post", reload)
         assert client.get("/v1/index").json()["generation"] == 1
         assert client.get("/readyz").status_code == 200
         assert client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"}).status_code == 200
@@ -599,6 +607,7 @@ def test_a_search_on_a_generation_deleted_by_cleanup_switches_and_answers_503(tm
         gone = client.post("/v1/search", json=query)
         assert gone.status_code == 503 and _error(gone)["code"] == "generation_gone"
         assert gone.headers["Retry-After"] == "0"
+        assert_as_documented(client.get("/openapi.json").json(), "/v1/search", "post", gone)
         assert "generation 1 was deleted by a later ingest" in _error(gone)["message"]
         assert client.get("/v1/index").json()["generation"] == 3
         assert client.post("/v1/search", json=query).status_code == 200
@@ -845,13 +854,15 @@ def test_saturated_server_answers_429_with_retry_after(service_settings, live_se
     with srv.client() as client:
         busy = client.post("/v1/search", json={"query": "second"})
         busy_stream = client.post("/v1/search/stream", json={"query": "second"})
+        document = client.get("/openapi.json").json()
     model.release()
     first.join(60)
     with srv.client() as client:
         after = client.post("/v1/search", json={"query": "third"})
-    for r in (busy, busy_stream):
+    for r, path in ((busy, "/v1/search"), (busy_stream, "/v1/search/stream")):
         assert r.status_code == 429
         assert r.headers["Retry-After"] == "7" and _error(r)["code"] == "too_many_searches"
+        assert_as_documented(document, path, "post", r)
     assert results[0].status_code == 200
     assert after.status_code == 200, "the slot is released after a search"
 
@@ -968,6 +979,7 @@ def test_search_timeout_is_504_and_cancels_the_calls(service_settings, live_serv
         blocking = client.post("/v1/search", json={"query": "slow"}, headers={"X-Request-ID": "slow-1"})
         with client.stream("POST", "/v1/search/stream", json={"query": "slow"}, headers={"X-Request-ID": "slow-2"}) as r:
             events = read_sse(r)
+        assert_as_documented(client.get("/openapi.json").json(), "/v1/search", "post", blocking)
     assert blocking.status_code == 504 and _error(blocking)["code"] == "timeout"
     assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "timeout"
     assert model.wait_cancelled()
@@ -1037,6 +1049,7 @@ def test_an_index_read_the_store_failed_is_503_not_a_bug(service_settings, live_
     srv = start(live_server, service_settings)
     with srv.client() as client:
         r = client.post("/v1/search", json={"query": "q", "method": "local"})
+        assert_as_documented(client.get("/openapi.json").json(), "/v1/search", "post", r)
     assert r.status_code == 503 and _error(r)["code"] == "store_unavailable" and r.headers["Retry-After"] == "5"
     assert "cargo" not in r.text
 
@@ -1051,6 +1064,7 @@ def test_model_failure_is_reported_not_500(service_settings, live_server, caplog
         srv = start(live_server, service_settings, ScriptedChatModel(lambda *a, failure=failure: failure))
         with srv.client() as client, caplog.at_level(logging.WARNING):
             r = client.post("/v1/search", json={"query": "q", "method": "local"})
+            assert_as_documented(client.get("/openapi.json").json(), "/v1/search", "post", r)
         assert r.status_code == 502 and _error(r)["message"] == f"the model request failed ({kind}); details are in the server log"
     assert "upstream at http://10.0.0.9 is down" in caplog.text
 
@@ -1172,6 +1186,8 @@ def test_shutdown_cancels_searches_still_running_after_grace(service_settings, l
     the JSON error, or the stream's final `error` event."""
     model = GatedChatModel()
     srv = start(live_server, service_settings, model, grace=1.0)
+    with srv.client() as client:
+        document = client.get("/openapi.json").json()
     results: dict[str, Any] = {}
 
     def run_blocking():
@@ -1195,6 +1211,7 @@ def test_shutdown_cancels_searches_still_running_after_grace(service_settings, l
     assert not srv.thread.is_alive(), "server did not stop after its grace period"
     assert model.cancelled >= 2
     blocking = results["blocking"]
+    assert_as_documented(document, "/v1/search", "post", blocking)
     assert blocking.status_code == 503 and _error(blocking) == {
         "code": "cancelled", "message": "search cancelled: server shutting down", "field": None}
     assert results["stream"][-1] == ("error", {"error": {"code": "cancelled", "message": "search cancelled: server shutting down", "field": None}})

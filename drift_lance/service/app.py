@@ -32,7 +32,7 @@ from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, cancelled_by_shutdown, error_responses, install_error_handlers
 from drift_lance.service.events import add_stream_events
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
-from drift_lance.service.request_id import RequestIds, install_log_request_ids
+from drift_lance.service.request_id import RequestIds, declare_request_ids, install_log_request_ids
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
 from drift_lance.store import Manifest
 
@@ -215,6 +215,7 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
         if app.openapi_schema is None:  # FastAPI caches the document it generates: add to it once
             document = generate_openapi()
             add_stream_events(document, "/v1/search/stream")
+            declare_request_ids(document)
             _describe_served_requests(document["components"]["schemas"]["SearchRequest"], state)
         return app.openapi_schema
 
@@ -397,7 +398,10 @@ def _api_routes(state: _ServiceState) -> APIRouter:
         "/search",
         response_model=SearchResult,
         summary="Run a search and return the full result",
-        responses=error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504),
+        responses=error_responses(400, 401, 408, 413, 415, 422, 429, 500, 502, 503, 504, codes={503: (
+            "`not_ready`: store or models not ready yet; `cancelled`: the server shut down; `generation_gone`: the "
+            "generation searched was deleted, the replica has switched (retry); `store_unavailable`: the object "
+            "store or disk failed a read (retry after Retry-After)")}),
         dependencies=[Depends(_json_body)],
     )
     async def search(body: SearchRequest, request: Request) -> Response:
@@ -457,7 +461,9 @@ def _admin_routes(state: _ServiceState) -> APIRouter:
         description="Reads the index's manifest table; when a newer complete generation exists, opens it "
         "and serves new searches from it. Searches already running finish on the generation they started "
         "with. The service also checks on its own every `store.reload_interval_seconds`.",
-        responses=error_responses(401, 503),
+        responses=error_responses(401, 503, codes={503: (
+            "`not_ready`: store or models not ready yet; `reload_failed`: the newest generation cannot be served, "
+            "the previous one still is; `cancelled`: the server shut down")}),
     )
     async def reload() -> ReloadStatus:
         state.require_ready()

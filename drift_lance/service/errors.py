@@ -72,23 +72,32 @@ def _utf8_safe(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-# Shared OpenAPI `responses=` entries, so the schema documents every error a route can give.
-def error_responses(*statuses: int) -> dict[int | str, dict]:
-    descriptions = {
-        400: "The index or request cannot be used",
-        401: "Missing or wrong API key",
-        408: "The request body did not arrive in time",
-        413: "Request body too large",
-        415: "The body is not sent as JSON (Content-Type: application/json)",
-        422: "Invalid request: bad field, unknown config field, or a value over the server's cap",
-        429: "Too many concurrent searches; retry after the Retry-After header",
-        502: "The language model failed",
-        503: "Store or models not ready yet",
-        504: "The search exceeded the server's time limit",
-    }
-    retry_after = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+# Shared OpenAPI `responses=` entries, so the schema documents every error a route can give, by the
+# `code` values a client can tell apart.
+ERROR_CODES = {
+    400: "`bad_index`: the index cannot answer this request",
+    401: "`unauthorized`: missing or wrong API key",
+    408: "`body_timeout`: the request body did not arrive in time",
+    413: "`body_too_large`: request body too large",
+    415: "`unsupported_media_type`: the body is not sent as JSON (Content-Type: application/json)",
+    422: "`invalid_json`, `invalid_request`, `unknown_field`, `not_overridable` (a server-side field), `over_limit` "
+         "(past the server's cap) or `invalid_config`; `field` names the field",
+    429: "`too_many_searches`: too many concurrent searches; retry after the Retry-After header",
+    500: "`internal`: a bug or an unreadable table (the server log has the cause)",
+    502: "`model_error`: the language model failed",
+    503: "`not_ready`: store or models not ready yet",
+    504: "`timeout`: the search exceeded the server's time limit",
+}
+RETRY_AFTER = {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}
+
+
+def error_responses(*statuses: int, codes: dict[int, str] | None = None) -> dict[int | str, dict]:
+    """`responses=` entries for `statuses`; `codes` replaces a status's description where a route
+    gives other codes with it than `ERROR_CODES` says."""
+    described = {**ERROR_CODES, **(codes or {})}
     return {
-        s: {"model": ErrorResponse, "description": descriptions[s], **({"headers": retry_after} if s in (429, 503) else {})}
+        s: {"model": ErrorResponse, "description": described[s],
+            **({"headers": {"Retry-After": RETRY_AFTER}} if s in (429, 503) else {})}
         for s in statuses
     }
 

@@ -11,7 +11,7 @@ import re
 import uuid
 from typing import Any
 
-__all__ = ["HEADER", "RequestIds", "current_request_id", "install_log_request_ids"]
+__all__ = ["HEADER", "RequestIds", "current_request_id", "declare_request_ids", "install_log_request_ids"]
 
 HEADER = "x-request-id"
 _NO_REQUEST = "-"
@@ -67,3 +67,19 @@ class RequestIds:
             await self.app(scope, receive, send_with_id)
         finally:
             _current.reset(token)
+
+
+def declare_request_ids(openapi: dict[str, Any]) -> None:
+    """Name the header in `openapi`: an optional request parameter of every operation and a header
+    of each of its responses, so a generated client can send its own id and read the one answered."""
+    parameter = {
+        "name": "X-Request-ID", "in": "header", "required": False, "schema": {"type": "string"},
+        "description": "Your id for this request (up to 128 of A-Za-z0-9._:/+=-), echoed in the response and the "
+                       "server log; any other value is replaced by a new id.",
+    }
+    header = {"description": "The request's id: the one sent, or a new one", "schema": {"type": "string"}}
+    for operations in openapi.get("paths", {}).values():
+        for operation in operations.values():
+            operation.setdefault("parameters", []).append(parameter)
+            for response in operation.get("responses", {}).values():
+                response.setdefault("headers", {})["X-Request-ID"] = header
