@@ -212,6 +212,11 @@ def test_index_health_and_readiness(server):
     index_ok = schema["paths"]["/v1/index"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert index_ok == {"$ref": "#/components/schemas/Manifest"} and Manifest.model_validate(manifest).generation == 1
     assert "Retry-After" in schema["paths"]["/v1/search"]["post"]["responses"]["429"]["headers"]
+    # generated clients name their methods after the operation ids: stable names, not the handlers'
+    operations = {(path, method): op["operationId"] for path, ops in schema["paths"].items() for method, op in ops.items()}
+    assert operations == {("/healthz", "get"): "healthz", ("/readyz", "get"): "readyz", ("/v1/index", "get"): "get_index",
+                          ("/v1/search", "post"): "search", ("/v1/search/stream", "post"): "search_stream",
+                          ("/v1/admin/reload", "post"): "reload_index"}
 
 
 def test_openapi_gives_config_the_fields_of_the_request_method(server):

@@ -349,12 +349,13 @@ class _RequireApiKey:
 def _probe_routes(state: _ServiceState) -> APIRouter:
     router = APIRouter(tags=["health"])
 
-    @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+    @router.get("/healthz", response_model=Health, summary="Liveness: the process answers", operation_id="healthz")
     async def healthz() -> Health:
         return Health()
 
     @router.get(
         "/readyz",
+        operation_id="readyz",
         response_model=ReadyStatus,
         summary="Readiness: store opened and models loaded",
         responses={503: {"model": ReadyStatus, "description": "Still starting, or startup failed"}},
@@ -388,7 +389,7 @@ def _api_routes(state: _ServiceState) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["search"])
     cfg = state.settings.service
 
-    @router.get("/index", summary="Manifest of the served index", response_model=Manifest,
+    @router.get("/index", summary="Manifest of the served index", response_model=Manifest, operation_id="get_index",
                 responses=error_responses(401, 503))
     async def index() -> JSONResponse:
         state.require_ready()
@@ -396,6 +397,7 @@ def _api_routes(state: _ServiceState) -> APIRouter:
 
     @router.post(
         "/search",
+        operation_id="search",
         response_model=SearchResult,
         summary="Run a search and return the full result",
         responses=error_responses(400, 401, 408, 413, 415, 422, 429, 500, 502, 503, 504, codes={503: (
@@ -423,6 +425,7 @@ def _api_routes(state: _ServiceState) -> APIRouter:
 
     @router.post(
         "/search/stream",
+        operation_id="search_stream",
         summary="Run a search, streaming progress as Server-Sent Events",
         description="Events, in order: `primer` (DRIFT primer done), `action` (one per completed "
         "follow-up action), `token` (answer tokens), then `done` (per-stage LLM calls and tokens, "
@@ -456,6 +459,7 @@ def _admin_routes(state: _ServiceState) -> APIRouter:
 
     @router.post(
         "/reload",
+        operation_id="reload_index",
         response_model=ReloadStatus,
         summary="Switch to the newest ingested generation now",
         description="Reads the index's manifest table; when a newer complete generation exists, opens it "
