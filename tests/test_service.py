@@ -1043,6 +1043,23 @@ def test_every_response_and_its_log_lines_carry_the_request_id(service_settings,
     assert [r.request_id for r in in_search_task] == ["req-42"]
 
 
+def test_a_bugs_500_carries_the_request_id_and_its_log_line_too(service_settings, live_server, caplog, monkeypatch):
+    """An exception no handler maps (a bug) answers 500 `internal` in the JSON shape, with the
+    request's id, and the traceback in the log carries that id: the client's id leads to the cause."""
+    from drift_lance.service.engine import EngineBackend
+
+    def manifest_breaks(self):
+        raise RuntimeError("a bug")
+
+    srv = start(live_server, service_settings)
+    monkeypatch.setattr(EngineBackend, "manifest", manifest_breaks)
+    with srv.client() as client, caplog.at_level(logging.ERROR, logger="drift_lance.service"):
+        r = client.get("/v1/index", headers={"X-Request-ID": "bug-1"})
+    assert r.status_code == 500 and _error(r)["code"] == "internal" and r.headers["x-request-id"] == "bug-1"
+    logged = [record for record in caplog.records if record.exc_info and "a bug" in str(record.exc_info[1])]
+    assert [record.request_id for record in logged] == ["bug-1"]
+
+
 def test_an_index_read_the_store_failed_is_503_not_a_bug(service_settings, live_server, monkeypatch):
     """The object store timing out mid-search (LanceDB's IO error) is a retryable 503, not a 500."""
     from drift_lance.service.engine import EngineBackend

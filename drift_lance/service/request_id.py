@@ -11,6 +11,8 @@ import re
 import uuid
 from typing import Any
 
+from drift_lance.service.errors import internal_error
+
 __all__ = ["HEADER", "RequestIds", "current_request_id", "declare_request_ids", "install_log_request_ids"]
 
 HEADER = "x-request-id"
@@ -19,6 +21,7 @@ _NO_REQUEST = "-"
 _USABLE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 _current: contextvars.ContextVar[str] = contextvars.ContextVar("drift_lance_request_id", default=_NO_REQUEST)
 _installed = False
+log = logging.getLogger("drift_lance.service")
 
 
 def current_request_id() -> str:
@@ -57,14 +60,24 @@ class RequestIds:
         sent = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == HEADER.encode()), "")
         request_id = sent if _USABLE.fullmatch(sent) else uuid.uuid4().hex
         token = _current.set(request_id)
+        started = False
 
         async def send_with_id(message: dict) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message = {**message, "headers": [*message.get("headers", ()), (HEADER.encode(), request_id.encode())]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            if started:
+                raise
+            # A bug's 500 is answered here, with the id set: Starlette's own error middleware runs
+            # outside this one, so its answer had no X-Request-ID and its log line no request id.
+            log.exception("unhandled error in request")
+            await internal_error(exc).response()(scope, receive, send_with_id)
         finally:
             _current.reset(token)
 
