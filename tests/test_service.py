@@ -263,7 +263,8 @@ def test_openapi_gives_config_this_servers_caps_and_defaults(service_settings, l
                             ({"query": "q", "config": {"time_budget": 61}}, False),  # the search timeout caps it
                             ({"query": "q", "config": {"seed": 3}}, False),  # server-only here
                             ({"query": "q", "method": "local", "config": {"min_community_rank": -1}}, False),
-                            ({"query": "q" * 51}, False)]:
+                            ({"query": "q" * 51}, False),
+                            ({"query": " \n\t"}, False)]:
             assert validator.is_valid(body) is valid, body
             answer = client.post("/v1/search", json=body)
             assert (answer.status_code == 200) is valid, (body, answer.text)

@@ -230,11 +230,11 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
 
 def _describe_served_requests(request: dict[str, Any], state: _ServiceState) -> None:
     """Make the SearchRequest schema the one this server applies, so a client generated or
-    validating from the document sends what the server takes: its `max_query_chars` as the query's
-    maxLength; per `config` field its cap as maximum (null, "no limit", is past a cap, so not
+    validating from the document sends what the server takes: a query that is not blank, at most
+    its `max_query_chars` long; per `config` field its cap as maximum (null, "no limit", is past a cap, so not
     offered), the server's refusal of negative numbers, the value it uses when the field is left
     out as default, and its `server_only` fields left out."""
-    request["properties"]["query"]["maxLength"] = state.settings.service.max_query_chars
+    request["properties"]["query"].update(maxLength=state.settings.service.max_query_chars, pattern=r"\S")  # not blank
     served = {method: _served_properties(state, method) for method in ("drift", "local")}
     request["properties"]["config"]["properties"] = _union_properties(served["drift"], served["local"])
     request.update(_config_by_method(served["drift"], served["local"]))
