@@ -9,7 +9,6 @@ know are ignored with a warning. Prompt paths in a file are resolved relative to
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import tomllib
@@ -22,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from drift_lance.config.local import INT32_MAX
-from drift_lance.errors import ConfigError
+from drift_lance.errors import ConfigError, did_you_mean
 
 __all__ = [
     "DRIFTSearchConfig", "ENV_PREFIX", "file_relative_prompts", "load_drift_config", "parse_set_options",
@@ -305,9 +304,7 @@ def _known_field(key: str, *, where: str) -> str:
     field = _canonical(key)
     if field in FIELDS:
         return field
-    close = [name for name in FIELDS if name.startswith(field)] or difflib.get_close_matches(field, FIELDS, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"{where}: unknown drift config field {key!r}{hint}")
+    raise ConfigError(f"{where}: unknown drift config field {key!r}{did_you_mean(field, FIELDS)}")
 
 
 def _coerce_text(field: str, value: str) -> Any:
