@@ -9,6 +9,7 @@ in the follow-up prompts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -204,6 +205,34 @@ async def test_bad_follow_up_answer_over_http_does_not_fail_the_query(
     assert failed["score"] == "-inf" and failed["metadata"]["error"]
     reduce_notes = openai_server.chat_requests[-1].messages[0]["content"]
     assert f"Finding for: {FOLLOW_REPORTS}" in reduce_notes and "cannot answer in JSON" not in reduce_notes
+
+
+async def test_llm_timeout_does_not_count_the_wait_for_a_concurrency_slot(
+    dulce_db_uri, openai_server, openai_settings, embedder, no_network
+):
+    """Three searches share one model slot (`max_concurrency` 1), so most calls wait for it far
+    longer than `llm_timeout`; none takes that long at the model. Every follow-up answers: the
+    timeout bounds a call's time at the model, not its wait behind other searches' calls (before,
+    7 of 12 follow-ups failed as timed out when 4 searches shared 2 slots)."""
+
+    def slow_model(request):
+        reply = answer_like_a_model(request)
+        reply.delay = 0.2
+        return reply
+
+    openai_server.on_chat = slow_model
+    chat = get_chat_model(openai_settings.model_copy(update={"max_concurrency": 1}))
+    config = DRIFTSearchConfig(drift_k_followups=4, primer_folds=1, n_depth=1, seed=0, llm_timeout=0.8)
+    search = await open_drift_search(dulce_db_uri, config=config, chat_model=chat, embedder=embedder)
+    try:
+        results = await asyncio.gather(*(search.search(QUERY) for _ in range(3)), return_exceptions=True)
+    finally:
+        await search.close()
+    assert not [r for r in results if isinstance(r, BaseException)]  # a timed-out HyDE embeds the query: not in the index's space
+    assert openai_server.max_concurrent == 1 and len(openai_server.chat_requests) == 15  # 5 calls each, one at a time
+    for result in results:
+        assert result.failures == 0 and result.response == FINAL
+        assert result.llm_calls_categories == {"build_context": 1, "primer": 1, "action": 2, "reduce": 1}
 
 
 class SlowBuilds:

@@ -1,19 +1,30 @@
 """`llm_timeout` for one chat call or for each wait on a streamed one, shared by DRIFT and local
 search. The deadline's own expiry is an LLMTimeoutError naming the setting; a TimeoutError the
 model raises itself (its HTTP client's timeout, say) is the model's failure and reported as such,
-whether `llm_timeout` is set or not."""
+whether `llm_timeout` is set or not.
+
+The clock stops while the call waits for one of the process's concurrency slots (`paused_while_queued`,
+which `ConcurrencyLimiter` enters): a call queued behind other searches' calls has not reached the
+model, and under load `llm_timeout` failed follow-ups that no model had taken long to answer."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TypeVar
 
 from drift_lance.models.base import ModelError
 
-__all__ = ["LLMTimeoutError", "deltas_within", "within"]
+__all__ = ["LLMTimeoutError", "deltas_within", "paused_while_queued", "within"]
 
 T = TypeVar("T")
+
+# The `llm_timeout` of the call running in this context, with the task it cancels.
+_call_deadline: ContextVar[tuple[asyncio.Task, asyncio.Timeout] | None] = ContextVar(
+    "drift_lance_call_deadline", default=None
+)
 
 
 class LLMTimeoutError(ModelError):
@@ -26,7 +37,8 @@ async def within(call: Awaitable[T], timeout: float | None, what: str) -> T:
     deadline = asyncio.timeout(timeout)
     try:
         async with deadline:
-            return await call
+            with _timing(deadline):
+                return await call
     except TimeoutError as exc:
         if not deadline.expired():
             raise _model_timed_out(exc) from None
@@ -39,7 +51,8 @@ async def deltas_within(deltas: AsyncIterator[str], timeout: float | None, what:
         deadline = asyncio.timeout(timeout)
         try:
             async with deadline:
-                delta = await anext(deltas)
+                with _timing(deadline):
+                    delta = await anext(deltas)
         except StopAsyncIteration:
             return
         except TimeoutError as exc:
@@ -47,6 +60,41 @@ async def deltas_within(deltas: AsyncIterator[str], timeout: float | None, what:
                 raise _model_timed_out(exc) from None
             raise LLMTimeoutError(f"{what} sent nothing for {timeout:g} s (llm_timeout)") from None
         yield delta
+
+
+@contextmanager
+def paused_while_queued() -> Iterator[None]:
+    """Stop the clock of the current call's `llm_timeout` while inside (a wait for a concurrency
+    slot); it restarts with the time it had left."""
+    current = _call_deadline.get()
+    if current is None or current[0] is not asyncio.current_task():
+        yield
+        return
+    deadline = current[1]
+    when = deadline.when()
+    if when is None or deadline.expired():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    left = when - loop.time()
+    deadline.reschedule(None)
+    try:
+        yield
+    finally:
+        deadline.reschedule(loop.time() + left)
+
+
+@contextmanager
+def _timing(deadline: asyncio.Timeout) -> Iterator[None]:
+    """Make `deadline` the current call's, for `paused_while_queued`."""
+    if deadline.when() is None:  # no llm_timeout: nothing to pause
+        yield
+        return
+    token = _call_deadline.set((asyncio.current_task(), deadline))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        _call_deadline.reset(token)
 
 
 def _model_timed_out(exc: TimeoutError) -> ModelError:

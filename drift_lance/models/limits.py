@@ -10,6 +10,8 @@ Waiters are served oldest search first: a search marks its model calls with its 
 no search rank by when they asked). With 50 DRIFT queries sharing 25 slots, FIFO served every
 query's epoch a little at a time, so all of them finished together at the end; oldest first
 finishes them one after another, with the same throughput.
+
+Time spent waiting for a slot does not count against the waiting call's `llm_timeout`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
+
+from drift_lance.models.deadline import paused_while_queued
 
 __all__ = ["ConcurrencyLimiter", "calls_ranked_from", "shared_limiter"]
 
@@ -92,7 +96,8 @@ class ConcurrencyLimiter:
             entry = (time.monotonic() if rank is None else rank, next(self._arrivals), loop, fut)
             heapq.heappush(self._waiters, entry)
         try:
-            await fut
+            with paused_while_queued():
+                await fut
         except asyncio.CancelledError:
             with self._lock:
                 if entry in self._waiters:
