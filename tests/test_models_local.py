@@ -173,6 +173,32 @@ def test_a_call_cancelled_while_queued_for_the_model_never_starts(smollm, monkey
 
 
 @pytest.mark.slow
+async def test_a_call_queued_behind_another_cancels_at_once_and_its_wait_is_not_its_llm_timeout(smollm, no_network):
+    """The model answers one call at a time. Cancelling a call queued behind another's generation
+    waited for that whole generation (6.9 s for 300 tokens), and so did `llm_timeout` on a queued
+    call; worse, the wait counted against the timeout, so queued DRIFT follow-ups timed out unrun."""
+    from drift_lance.models.deadline import within
+
+    story = [Message("user", "Write a long story about a lighthouse keeper and the ships he saw.")]
+    running = smollm.stream(story, params=ChatParams(temperature=0.8, seed=3, max_tokens=400))
+    tokens = aiter(running)
+    await anext(tokens)  # the model is generating this one now
+    try:
+        queued = asyncio.create_task(smollm.complete([Message("user", "Say hello.")], params=ChatParams(max_tokens=8)))
+        await asyncio.sleep(0.2)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert smollm._model.lock.locked()  # still generating the story: the cancellation did not wait for it
+
+        # queued for the rest of the story (seconds), then answers in well under its timeout
+        answer = await within(smollm.complete([Message("user", "Say hello.")], params=ChatParams(max_tokens=8)), 2.0, "LLM call")
+        assert answer.text and answer.usage.output_tokens <= 8
+    finally:
+        await running.aclose()
+
+
+@pytest.mark.slow
 async def test_cancelling_a_call_stops_llama_cpp_mid_prompt_and_leaves_the_model_clean(smollm, no_network, capsys):
     """Ctrl-C (or a timeout) during a long prompt's evaluation waited for the whole prompt: llama.cpp
     only stopped between tokens, so `drift-lance demo` took 15-20 s to exit on a DRIFT primer. Its

