@@ -59,6 +59,25 @@ async def test_retries_429_honouring_retry_after(openai_server, openai_settings)
     assert second.started_at - first.started_at >= 0.3
 
 
+async def test_a_retry_whose_wait_would_outlast_llm_timeout_fails_at_once_naming_the_cause(openai_server, openai_settings):
+    """A 429 asking for 30 s under a 2 s `llm_timeout`: the call idled until the timeout and failed
+    as 'timed out (llm_timeout)', hiding the rate limit. It now fails at once with the server's answer;
+    a wait that fits the timeout is still made."""
+    from drift_lance.models.deadline import within
+
+    openai_server.queue_chat(Reply.rate_limited(retry_after=30))
+    chat = _chat(openai_settings, retry_max_wait=60.0)
+    with pytest.raises(ModelRequestError) as info:
+        await within(chat.complete(USER), 2.0, "LLM call")
+    assert info.value.status == 429 and "Rate limit reached" in str(info.value)
+    assert "not retried: waiting 30" in str(info.value) and "outlast llm_timeout" in str(info.value)
+    assert len(openai_server.chat_requests) == 1
+
+    openai_server.queue_chat(Reply.rate_limited(retry_after=0.2), Reply(text="after the wait"))
+    assert (await within(chat.complete(USER), 2.0, "LLM call")).text == "after the wait"
+    assert [r.status for r in openai_server.chat_requests] == [429, 429, 200]
+
+
 async def test_retry_after_ms_header_is_honoured(openai_server, openai_settings):
     openai_server.queue_chat(Reply.rate_limited(retry_after=0.25, header="retry-after-ms"), Reply(text="ok"))
     result = await _chat(openai_settings, retry_max_wait=5.0).complete(USER)

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from drift_lance.models.base import ModelError
 
-__all__ = ["LLMTimeoutError", "deltas_within", "paused_while_queued", "within"]
+__all__ = ["LLMTimeoutError", "deltas_within", "paused_while_queued", "time_left", "within"]
 
 T = TypeVar("T")
 
@@ -60,6 +60,15 @@ async def deltas_within(deltas: AsyncIterator[str], timeout: float | None, what:
                 raise _model_timed_out(exc) from None
             raise LLMTimeoutError(f"{what} sent nothing for {timeout:g} s (llm_timeout)") from None
         yield delta
+
+
+def time_left() -> float | None:
+    """Seconds the current call has left of its `llm_timeout` (None: no limit)."""
+    current = _call_deadline.get()
+    if current is None or current[0] is not asyncio.current_task():
+        return None
+    when = current[1].when()
+    return None if when is None else when - asyncio.get_running_loop().time()
 
 
 @contextmanager

@@ -52,6 +52,7 @@ from drift_lance.models.base import (
     RequestFailure, StructuredOutputError, Usage, well_formed,
 )
 from drift_lance.models.compat import native_dimension
+from drift_lance.models.deadline import time_left
 from drift_lance.models.limits import ConcurrencyLimiter, shared_limiter
 from drift_lance.models.structured import parse_structured, response_format_for, schema_instruction
 from drift_lance.models.tokens import tokenizer_for_model
@@ -184,6 +185,22 @@ class _ConnectionFailures(stop_base):
         if exc is not None and _describe(exc, self.timeout)[2] == "connection":
             self.failures += 1
         return self.failures >= self.attempts
+
+
+class _WaitPastDeadline(stop_base):
+    """Stop when the wait before the next attempt would outlast the call's `llm_timeout`: the retry
+    could not be made anyway, and the error then names what failed (a 429 asking for a longer wait,
+    a 5xx) instead of the timeout, without idling until it."""
+
+    def __init__(self) -> None:
+        self.wait: float | None = None  # the wait that was not made
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        left = time_left()
+        if left is None or retry_state.upcoming_sleep < left:
+            return False
+        self.wait = retry_state.upcoming_sleep
+        return True
 
 
 def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, RequestFailure]:
@@ -372,8 +389,10 @@ class _Endpoint:
         """Run `request` under the limiter and the retry policy; ModelRequestError when it fails for
         good. With hold_slot=False the caller already holds a limiter slot."""
         s = self.settings
+        past_deadline = _WaitPastDeadline()
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(s.max_retries + 1) | _ConnectionFailures(s.connect_retries + 1, s.request_timeout),
+            stop=(stop_after_attempt(s.max_retries + 1) | _ConnectionFailures(s.connect_retries + 1, s.request_timeout)
+                  | past_deadline),
             wait=_BackoffWait(s.retry_base_wait, s.retry_max_wait),
             retry=retry_if_exception(_is_retryable),
             before_sleep=self._log_retry,
@@ -390,8 +409,10 @@ class _Endpoint:
             attempts = retrying.statistics.get("attempt_number", 1)
             reason, status, failure = _describe(exc, s.request_timeout)
             tries = f" after {attempts} attempts" if attempts > 1 else ""
+            cut = "" if past_deadline.wait is None else (
+                f" (not retried: waiting {past_deadline.wait:.1f} s would outlast llm_timeout)")
             raise ModelRequestError(
-                f"{what} {self.model!r} at {self.endpoint} failed{tries}: {reason}{self._hint(status)}",
+                f"{what} {self.model!r} at {self.endpoint} failed{tries}: {reason}{self._hint(status)}{cut}",
                 status=status, failure=failure,
                 attempts=attempts,
             ) from exc
