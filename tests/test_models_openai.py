@@ -330,6 +330,28 @@ async def test_malformed_http_body_is_a_model_error(openai_server, openai_settin
     assert info.value.attempts == 3 and info.value.failure == "malformed"
 
 
+@pytest.mark.parametrize("http_client", ["aiohttp", "httpx"])
+async def test_a_response_the_http_parser_refuses_is_a_model_error(openai_server, openai_settings, http_client):
+    """A malformed header line (a broken proxy): aiohttp's parser error came through the SDK
+    unwrapped, so a search failed as an internal error (the service's 500 with a traceback) instead
+    of the model's; httpx's transport already reported it as a failed request."""
+    openai_server.queue_chat(*[Reply(body="{}", headers={"Bad Header": "x"})] * 4)
+    chat = _chat(openai_settings, http_client=http_client, max_retries=1)
+    with pytest.raises(ModelRequestError, match="Bad Header") as info:
+        await chat.complete(USER)
+    assert info.value.attempts == 2 and info.value.status is None
+    with pytest.raises(ModelRequestError, match="Bad Header"):
+        _ = [delta async for delta in chat.stream(USER)]
+
+
+async def test_a_streamed_chunk_that_is_not_json_is_a_model_error(openai_server, openai_settings):
+    """It raised the JSON decoder's own error: a streamed DRIFT reduce failed as the service's 500."""
+    openai_server.queue_chat(Reply(body="data: {not json\n\n"))
+    with pytest.raises(ModelRequestError, match="stream failed: malformed response body") as info:
+        _ = [delta async for delta in _chat(openai_settings).stream(USER)]
+    assert info.value.failure == "malformed"
+
+
 async def test_a_json_body_that_is_not_an_object_is_a_model_error(openai_server, openai_settings):
     openai_server.queue_chat(Reply(body="[1, 2, 3]"))
     with pytest.raises(ModelRequestError, match="malformed response body: expected a JSON object") as info:

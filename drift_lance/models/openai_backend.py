@@ -115,7 +115,7 @@ def _about_output_format(message: str) -> bool:
 def _is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, TimeoutError)):
         return True
-    if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
+    if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError, _UnreadableResponse)):
         return True  # a garbled body (proxy hiccup, truncated response): worth another try
     if isinstance(exc, openai.APIStatusError):
         if _refuses_response_format(exc.status_code, _error_message(exc)):
@@ -212,7 +212,7 @@ def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, Requ
         if refused is not None:
             return f"connection failed: {refused}", None, "connection"
         return f"request timed out after {timeout:g}s", None, "timeout"
-    if isinstance(exc, (_WebPageResponse, _NestedTooDeep)):
+    if isinstance(exc, (_WebPageResponse, _NestedTooDeep, _UnreadableResponse)):
         return str(exc), None, "malformed"
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
         return f"malformed response body: {exc}", None, "malformed"
@@ -254,6 +254,21 @@ class _WebPageResponse(Exception):
 
 class _NestedTooDeep(Exception):
     """A response body nested deeper than Python's JSON decoder recurses; asking again gets the same."""
+
+
+class _UnreadableResponse(Exception):
+    """aiohttp's HTTP parser refused the response (a malformed status line, header or chunk, as a
+    broken proxy sends): the SDK's aiohttp transport passes that error on unwrapped, where it
+    failed a search as an internal error rather than the model's. Retried as a garbled body."""
+
+    def __init__(self, exc: Exception):
+        words = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        super().__init__(f"malformed response: the HTTP response could not be read: {' '.join(str(words).split())}")
+
+
+def _unreadable(exc: Exception) -> bool:
+    """Whether `exc` is an aiohttp client error the SDK left unwrapped (without importing aiohttp)."""
+    return type(exc).__module__.startswith("aiohttp.") and not isinstance(exc, (openai.APIError, TimeoutError))
 
 
 def _is_web_page(response: httpx2.Response) -> bool:
@@ -404,8 +419,14 @@ class _Endpoint:
                 with attempt:
                     async with self.limiter.slot() if hold_slot else contextlib.nullcontext():
                         async with asyncio.timeout(s.request_timeout):
-                            return await request(client)
-        except (openai.APIError, TimeoutError, json.JSONDecodeError, _WebPageResponse, _NestedTooDeep) as exc:
+                            try:
+                                return await request(client)
+                            except Exception as exc:
+                                if _unreadable(exc):
+                                    raise _UnreadableResponse(exc) from exc
+                                raise
+        except (openai.APIError, TimeoutError, json.JSONDecodeError, _WebPageResponse, _NestedTooDeep,
+                _UnreadableResponse) as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
             reason, status, failure = _describe(exc, s.request_timeout)
             tries = f" after {attempts} attempts" if attempts > 1 else ""
@@ -784,6 +805,9 @@ class OpenAIChatStream(GeneratorStream):
                 raise ModelRequestError(
                     f"chat model {model.model_id!r} stream failed: {reason}", status=status, failure=failure
                 ) from exc
+            except json.JSONDecodeError as exc:  # a chunk whose data is not JSON
+                raise ModelRequestError(f"chat model {model.model_id!r} stream failed: malformed response body: {exc}",
+                                        failure="malformed") from exc
             except RecursionError:  # a chunk the SDK's JSON decoder cannot go deep enough for
                 raise ModelRequestError(f"chat model {model.model_id!r} stream failed: malformed response body: a "
                                         "chunk's JSON is nested too deeply to decode", failure="malformed") from None
