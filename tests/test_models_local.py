@@ -199,6 +199,29 @@ async def test_a_call_queued_behind_another_cancels_at_once_and_its_wait_is_not_
 
 
 @pytest.mark.slow
+async def test_calls_queued_for_the_model_do_not_hold_the_threads_other_work_needs(smollm, no_network):
+    """Queued calls each held a thread of the event loop's default executor while they waited for
+    the model, so anything else run in a thread (another search's query embedding, a response-cache
+    lookup) waited behind the queued generations: 2.9 s for one 200-token answer and 6 queued calls."""
+    import os
+
+    events: list[str] = []
+
+    async def answer(prompt: str, max_tokens: int, name: str) -> None:
+        await smollm.complete([Message("user", prompt)], params=ChatParams(temperature=0.8, seed=5, max_tokens=max_tokens))
+        events.append(name)
+
+    story = asyncio.create_task(answer("Write a long story about a lighthouse keeper and the ships he saw.", 200, "story"))
+    await asyncio.sleep(0.3)
+    workers = min(32, (os.cpu_count() or 1) + 4)  # the default executor's threads
+    queued = [asyncio.create_task(answer(f"Say {i}.", 1, "queued")) for i in range(workers)]
+    await asyncio.sleep(0.2)
+    await asyncio.to_thread(events.append, "other thread work")
+    await asyncio.gather(story, *queued)
+    assert events[0] == "other thread work" and events.index("story") < events.index("queued")
+
+
+@pytest.mark.slow
 async def test_cancelling_a_call_stops_llama_cpp_mid_prompt_and_leaves_the_model_clean(smollm, no_network, capsys):
     """Ctrl-C (or a timeout) during a long prompt's evaluation waited for the whole prompt: llama.cpp
     only stopped between tokens, so `drift-lance demo` took 15-20 s to exit on a DRIFT primer. Its

