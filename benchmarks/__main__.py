@@ -27,6 +27,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _rows(text: str) -> int:
+    """A row count every benchmark can use: the synthetic index's minimum, and more than the top 10
+    each query ranks (numpy's top-10 partition needs 11 rows)."""
+    from ingest.synthetic import MIN_ENTITIES
+
+    value = _positive(text)
+    if value < MIN_ENTITIES:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_ENTITIES}, got {text}")
+    return value
+
+
 def _latency_ms(text: str) -> float:
     value = float(text)
     if not value > 0 or value == float("inf"):
@@ -84,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add("retrieval", "top-10 latency/QPS/recall: LanceDB ANN vs LanceDB flat vs numpy vs engine")
-    p.add_argument("--rows", type=_positive, required=True, help="vectors in the synthetic table")
+    p.add_argument("--rows", type=_rows, required=True, help="vectors in the synthetic table")
     p.add_argument("--dim", type=_positive, required=True, help="their dimension")
     p.add_argument("--queries", type=_positive, default=200, help="timed top-10 queries per method (the README's figures: 100); the engine's own cases always time "
                         "100, measure recall over 1000 and alternate with numpy over 3 rounds of 100 (1 round at 10^6)")
@@ -93,13 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     _graphrag_option(p)
 
     p = add("sweep", "ANN index-type sweep (recall-latency curves) and the index recommendation")
-    p.add_argument("--rows", type=_positive, required=True)
+    p.add_argument("--rows", type=_rows, required=True)
     p.add_argument("--dim", type=_positive, required=True)
     p.add_argument("--queries", type=_positive, default=200)
     p.add_argument("--index-types", type=_index_types, default="IVF_FLAT,IVF_PQ,IVF_RQ,IVF_HNSW_SQ")
 
     p = add("context", "local-search context building latency and peak RSS")
-    p.add_argument("--rows", type=_positive, required=True, help="entities in the synthetic index")
+    p.add_argument("--rows", type=_rows, required=True, help="entities in the synthetic index")
     p.add_argument("--queries", type=_positive, default=30, help="contexts built (the README's figures: 50 at 10^4, else 30)")
     p.add_argument("--dim", type=_positive, default=1536, help="vector dimension")
     _graphrag_option(p)
@@ -107,24 +118,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("drift", "end-to-end DRIFT against a fake OpenAI server with a fixed latency")
     p.add_argument("--latency-ms", type=_latency_ms, default=200.0, help="simulated latency of every LLM call")
     p.add_argument("--queries", type=_positive, default=3, help="timed DRIFT queries (the README's figures: 10 / 10 / 8 at 10^4 / 10^5 / 10^6)")
-    p.add_argument("--rows", type=_positive, default=10_000, help="entities in the synthetic index")
+    p.add_argument("--rows", type=_rows, default=10_000, help="entities in the synthetic index")
     p.add_argument("--dim", type=_positive, default=1536)
 
     p = add("first-answer", "whole-process wall time and peak RSS of `drift-lance query` with an instant LLM")
-    p.add_argument("--rows", type=_positive, required=True, help="entities in the synthetic index")
+    p.add_argument("--rows", type=_rows, required=True, help="entities in the synthetic index")
     p.add_argument("--dim", type=_positive, default=1536)
     p.add_argument("--runs", type=_positive, default=5, help="whole-process runs (the README's figures: 10)")
 
     p = add("startup", "engine start-up time and RSS on an ingested index")
-    p.add_argument("--rows", type=_positive, required=True)
+    p.add_argument("--rows", type=_rows, required=True)
     p.add_argument("--dim", type=_positive, default=1536)
 
     p = add("ingest", "ingest throughput (rows/s) and index build time")
-    p.add_argument("--rows", type=_positive, required=True, help="entities in the synthetic index")
+    p.add_argument("--rows", type=_rows, required=True, help="entities in the synthetic index")
     p.add_argument("--dim", type=_positive, default=1536)
 
     p = add("s3", "query latency on local disk vs S3-compatible storage on loopback (moto + counting proxy)")
-    p.add_argument("--rows", type=_positive, default=10_000, help="entities in the synthetic index")
+    p.add_argument("--rows", type=_rows, default=10_000, help="entities in the synthetic index")
     p.add_argument("--dim", type=_positive, default=384)
     p.add_argument("--queries", type=_positive, default=30)
     p.add_argument("--latency-ms", type=_latencies_ms, default="0", help="comma-separated delays added per S3 request, e.g. 0,20")

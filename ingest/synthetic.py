@@ -47,6 +47,7 @@ _VECTOR_TABLES = frozenset({"entity_description.lance", "community_full_content.
 _LEAF_SIZE = 21  # mean entities per leaf; with fan-out 4 this gives ~1 community per 16 entities
 _FANOUT = 4
 _CHUNK = 50_000  # rows per vector chunk written to lancedb
+MIN_ENTITIES = 16  # generate_index refuses smaller indexes
 
 
 def _phrase(rng: np.random.Generator, n: int, topic: int) -> str:
@@ -154,8 +155,8 @@ def generate_index(
     Same arguments, same bytes of content (deterministic for a seed). An existing `out_dir` is replaced
     only when it is empty or a synthetic index written here before, or with `overwrite`; otherwise
     FileExistsError (NotADirectoryError when it is a file)."""
-    if n_entities < 16:
-        raise ValueError(f"n_entities must be >= 16, got {n_entities}")
+    if n_entities < MIN_ENTITIES:
+        raise ValueError(f"n_entities must be >= {MIN_ENTITIES}, got {n_entities}")
     out = Path(out_dir)
     _clear_output(out, overwrite)
     (out / "lancedb").mkdir(parents=True)
