@@ -19,6 +19,7 @@ from benchmarks.retrieval import (
     hnsw_partitions,
     ivf_partitions,
     pq_sub_vectors,
+    rq_dimension_ok,
 )
 
 STATUS_FILE = Path("/tmp/drift-status/ann-recommendation.md")
@@ -46,10 +47,13 @@ def winner(best: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 
 def chosen_index(rows: int, dim: int, results_dir: Path = DEFAULT_RESULTS_DIR) -> IndexSpec:
     """Index type the sweep picked for the nearest measured dimension, with build parameters scaled to
-    `rows` (partitions grow with sqrt(rows)). Falls back to IVF_PQ before any sweep exists."""
+    `rows` (partitions grow with sqrt(rows)). Falls back to IVF_PQ before any sweep exists, and from
+    IVF_RQ to IVF_FLAT where LanceDB cannot build it, as ingest does."""
     best = best_per_type(load_records(results_dir, "sweep"))
     candidates = [(abs(d - dim), w) for (_, d), by_type in best.items() if (w := winner(by_type))]
     index_type = min(candidates, key=lambda c: c[0])[1]["index_type"] if candidates else "IVF_PQ"
+    if index_type == "IVF_RQ" and not rq_dimension_ok(dim):
+        index_type = "IVF_FLAT"
     return scaled_spec(index_type, rows, dim, (min(candidates, key=lambda c: c[0])[1] if candidates else {}))
 
 
