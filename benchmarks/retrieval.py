@@ -53,8 +53,9 @@ def ivf_partitions(rows: int) -> int:
 
 
 def pq_sub_vectors(dim: int) -> int:
-    """16 dimensions per PQ sub-vector: LanceDB's SIMD-friendly choice (dim/num_sub_vectors % 8 == 0)."""
-    return max(1, dim // 16)
+    """16 dimensions per PQ sub-vector: LanceDB's SIMD-friendly choice (dim/num_sub_vectors % 8 == 0).
+    LanceDB needs a count that divides the dimension: elsewhere the largest below dim/16 (300-d: 15)."""
+    return next(n for n in range(max(1, dim // 16), 0, -1) if dim % n == 0)
 
 
 def hnsw_partitions(rows: int) -> int:

@@ -311,10 +311,11 @@ def test_unknown_retrieval_method_exits_2_naming_it():
     assert proc.returncode == 2 and "numpy" in proc.stderr and "numpy_exact" in proc.stderr
 
 
-def test_dimensions_ivf_rq_cannot_index_get_ivf_flat_as_ingest_does(tmp_path):
-    """LanceDB builds IVF_RQ only on a multiple of 8 dimensions: a 300-d sweep ended in a LanceDB
-    ValueError after its other index types, and `retrieval` at 1500-d (nearest sweep: 1536-d, IVF_RQ)
-    after numpy's and graphrag's cases."""
+def test_a_dimension_not_a_multiple_of_16_is_swept_and_queried(tmp_path):
+    """LanceDB builds IVF_RQ only on a multiple of 8 dimensions and IVF_PQ only with a sub-vector count
+    that divides the dimension: a 300-d sweep ended in a LanceDB ValueError (18 sub-vectors; then
+    IVF_RQ), and `retrieval` at 1500-d (nearest sweep: 1536-d, IVF_RQ) after numpy's and graphrag's
+    cases."""
     from benchmarks.recommend import chosen_index
 
     def sweep_point(dim: int, index_type: str) -> Record:
@@ -326,11 +327,11 @@ def test_dimensions_ivf_rq_cannot_index_get_ivf_flat_as_ingest_does(tmp_path):
     assert chosen_index(1000, 1500, tmp_path).index_type == "IVF_FLAT"
 
     out = tmp_path / "out"
-    proc = _run_benchmarks("--work", str(tmp_path / "work"), "sweep", "--rows", "300", "--dim", "12", "--queries", "10",
-                           "--index-types", "IVF_FLAT,IVF_RQ", "--out", str(out), timeout=300)
+    proc = _run_benchmarks("--work", str(tmp_path / "work"), "sweep", "--rows", "300", "--dim", "300", "--queries", "10",
+                           "--index-types", "IVF_PQ,IVF_RQ", "--out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "IVF_RQ skipped: LanceDB's RaBitQ codes need a multiple of 8 dimensions, not 12" in proc.stderr
-    assert {r["index_type"] for r in load_records(out, "sweep")} == {"IVF_FLAT"}
+    assert "IVF_RQ skipped: LanceDB's RaBitQ codes need a multiple of 8 dimensions, not 300" in proc.stderr
+    assert {r["index_type"] for r in load_records(out, "sweep")} == {"IVF_PQ"}
 
 
 def test_write_records_replaces_same_case_and_keeps_others(tmp_path):
