@@ -168,6 +168,24 @@ def test_targets_are_judged_from_the_records(tmp_path):
     assert startup.endswith("| 1.00 s (1536-d), 2000 MB (384-d) | missed |")
 
 
+def test_every_retrieval_record_says_how_many_queries_it_timed(tmp_path):
+    """p95/p99 of a 5-query flat scan or graphrag's 10-query sample sat beside 100-query figures
+    with nothing in results.md to tell them apart."""
+    from benchmarks.report import render_all
+
+    write_records(tmp_path, "retrieval", [
+        Record(benchmark="retrieval", rows=1_000_000, dim=1536, method=method, p50_ms=p50, p95_ms=p50, p99_ms=p50,
+               recall_at_10=1.0, queries=queries)
+        for method, p50, queries in (("numpy_exact", 100.0, 100), ("lancedb_flat", 3800.0, 5), ("graphrag_vector_store", 3900.0, 10))
+    ])
+    text = render_all(tmp_path).read_text()
+    table = text.split("Every record:")[1].strip().splitlines()
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:] if line.startswith("| ")]
+    timed = {row[header.index("method")]: row[header.index("timed queries")] for row in rows}
+    assert timed == {"numpy_exact": "100", "lancedb_flat": "5", "graphrag_vector_store": "10"}
+
+
 def test_recalibration_finds_what_ingest_recorded_for_that_target(tmp_path):
     """The engine benchmark's second recall target re-runs ingest's calibration on the built index
     instead of ingesting again: for ingest's own target it must find exactly what ingest recorded
