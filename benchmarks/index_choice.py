@@ -5,7 +5,8 @@
 For each size: entity vectors from `ingest.synthetic` (clustered, unit norm), one LanceDB table per
 candidate index (IVF_HNSW_SQ, IVF_PQ + refine_factor, IVF_FLAT, built exactly as `ingest.writer`
 builds them), top-10 queries that are noisy copies of random entities, recall@10 against exact
-cosine (numpy), p50 latency and build time. Appends JSON lines to benchmarks/results/index_choice.jsonl.
+cosine (numpy), latency percentiles and build time. Appends JSON lines to OUT/index_choice.jsonl
+(`--out`, default benchmarks/results/, the README's figures).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import shutil
 import time
 from pathlib import Path
@@ -23,11 +23,14 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 
+from benchmarks import DEFAULT_RESULTS_DIR
+from benchmarks._harness import latency_summary, library_versions, machine_info
+from benchmarks.retrieval import WARMUP_QUERIES, pq_sub_vectors
 from drift_lance.config.ingest import VectorIndexConfig
 from ingest.synthetic import generate_index
 from ingest.writer import _vector_index
 
-RESULTS = Path(__file__).resolve().parent / "results" / "index_choice.jsonl"
+RESULTS_NAME = "index_choice.jsonl"
 
 
 def candidates(rows: int, dim: int) -> list[tuple[VectorIndexConfig, list[dict]]]:
@@ -39,7 +42,7 @@ def candidates(rows: int, dim: int) -> list[tuple[VectorIndexConfig, list[dict]]
             [{"nprobes": 1, "ef": None}, {"nprobes": 1, "ef": 64}, {"nprobes": 1, "ef": 128}],
         ),
         (
-            VectorIndexConfig(type="IVF_PQ", num_partitions=ivf, num_sub_vectors=dim // 16),
+            VectorIndexConfig(type="IVF_PQ", num_partitions=ivf, num_sub_vectors=pq_sub_vectors(dim)),
             [{"nprobes": 20, "refine_factor": 10}, {"nprobes": 40, "refine_factor": 10}, {"nprobes": 40, "refine_factor": 20}],
         ),
         (
@@ -69,27 +72,42 @@ async def sweep(rows: int, dim: int, n_queries: int, work: Path, types: list[str
         await table.create_index("vector", config=_vector_index(config, rows, dim), replace=True)
         build_s = time.perf_counter() - start
         for setting in settings:
-            latencies, hits = [], 0
-            for q, expected in zip(queries, truth, strict=True):
-                query = table.vector_search(q).distance_type("cosine").nprobes(setting["nprobes"]).limit(10).select(["row"])
+            async def search(q: np.ndarray, setting: dict = setting) -> list[int]:
+                query = (table.vector_search(q).distance_type("cosine").nprobes(setting["nprobes"]).limit(10)
+                         .select(["row", "_distance"]))  # named, or lance warns on every query
                 if setting.get("refine_factor"):
                     query = query.refine_factor(setting["refine_factor"])
                 if setting.get("ef"):
                     query = query.ef(setting["ef"])
+                return (await query.to_arrow())["row"].to_pylist()
+
+            for q in queries[:WARMUP_QUERIES]:  # as the retrieval benchmark warms up: index loads untimed
+                await search(q)
+            latencies, hits = [], 0
+            started = time.perf_counter()
+            for q, expected in zip(queries, truth, strict=True):
                 t0 = time.perf_counter()
-                found = (await query.to_arrow())["row"].to_pylist()
-                latencies.append((time.perf_counter() - t0) * 1000)
+                found = await search(q)
+                latencies.append(time.perf_counter() - t0)
                 hits += len(expected & set(found))
+            serial_s = time.perf_counter() - started
             record = {
                 "rows": rows,
                 "dim": dim,
+                "method": "lancedb_ann",
                 "index": config.type,
                 "build": config.model_dump(exclude_none=True, exclude={"distance_type"}),
                 "query": setting,
+                "queries": n_queries,
                 "recall_at_10": round(hits / (10 * n_queries), 4),
-                "p50_ms": round(float(np.percentile(latencies, 50)), 2),
+                **{k: round(v, 2) for k, v in latency_summary(latencies).items()},
+                "qps": round(n_queries / serial_s, 1),
+                # one process builds every candidate: its peak RSS would be the largest so far, not this index's
+                "peak_rss_mb": None,
                 "build_s": round(build_s, 1),
-                "machine": f"{platform.machine()} x{__import__('os').cpu_count()} (shared)",
+                "machine": machine_info(),
+                "versions": library_versions(),
+                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
             print(json.dumps(record), flush=True)
             out.append(record)
@@ -105,13 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--types", nargs="+", default=None, help="subset of IVF_HNSW_SQ IVF_PQ IVF_FLAT")
     parser.add_argument("--work", type=Path, default=Path(__file__).resolve().parent / "work" / "index_choice")
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR,
+                        help=f"results directory: appends to OUT/{RESULTS_NAME} (default: the committed figures)")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     for rows in args.rows:
         for dim in args.dims:
             records = asyncio.run(sweep(rows, dim, args.queries, args.work, args.types))
-            with RESULTS.open("a") as f:
+            with (args.out / RESULTS_NAME).open("a") as f:
                 for record in records:
                     f.write(json.dumps(record) + "\n")
     return 0

@@ -186,6 +186,28 @@ def test_every_retrieval_record_says_how_many_queries_it_timed(tmp_path):
     assert timed == {"numpy_exact": "100", "lancedb_flat": "5", "graphrag_vector_store": "10"}
 
 
+def test_index_choice_writes_full_records_where_out_says(tmp_path):
+    """`python -m benchmarks.index_choice` (the README's ANN index table) appended to the committed
+    index_choice.jsonl whatever the run, with records lacking p95/p99, QPS, memory and versions;
+    its IVF_PQ failed in LanceDB at 300-d (18 sub-vectors)."""
+    from benchmarks import DEFAULT_RESULTS_DIR
+
+    committed = DEFAULT_RESULTS_DIR / "index_choice.jsonl"
+    before = committed.read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.index_choice", "--rows", "300", "--dims", "300",
+                           "--queries", "10", "--types", "IVF_PQ", "--work", str(tmp_path / "work"),
+                           "--out", str(tmp_path / "out")], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert committed.read_bytes() == before
+    records = [json.loads(line) for line in (tmp_path / "out" / "index_choice.jsonl").read_text().splitlines()]
+    assert [r["query"]["nprobes"] for r in records] == [20, 40, 40] and {r["index"] for r in records} == {"IVF_PQ"}
+    for record in records:
+        assert all(field in record for field in REQUIRED_FIELDS), record
+        assert 0 < record["p50_ms"] <= record["p95_ms"] <= record["p99_ms"] and record["qps"] > 0
+        assert record["machine"]["cores"] >= 1 and record["machine"]["memory_gb"] > 0 and "lancedb" in record["versions"]
+
+
 def test_recalibration_finds_what_ingest_recorded_for_that_target(tmp_path):
     """The engine benchmark's second recall target re-runs ingest's calibration on the built index
     instead of ingesting again: for ingest's own target it must find exactly what ingest recorded
