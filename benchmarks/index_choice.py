@@ -25,7 +25,8 @@ import pyarrow as pa
 
 from benchmarks import DEFAULT_RESULTS_DIR
 from benchmarks._harness import latency_summary, library_versions, machine_info
-from benchmarks.retrieval import WARMUP_QUERIES, pq_sub_vectors
+from benchmarks.retrieval import WARMUP_QUERIES
+from ingest.writer import pq_sub_vectors
 from drift_lance.config.ingest import VectorIndexConfig
 from ingest.synthetic import generate_index
 from ingest.writer import _vector_index

@@ -18,9 +18,9 @@ from benchmarks.retrieval import (
     IndexSpec,
     hnsw_partitions,
     ivf_partitions,
-    pq_sub_vectors,
     rq_dimension_ok,
 )
+from ingest.writer import pq_sub_vectors
 
 STATUS_FILE = Path("/tmp/drift-status/ann-recommendation.md")
 

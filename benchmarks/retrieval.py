@@ -52,12 +52,6 @@ def ivf_partitions(rows: int) -> int:
     return max(1, int(round(rows**0.5)))
 
 
-def pq_sub_vectors(dim: int) -> int:
-    """16 dimensions per PQ sub-vector: LanceDB's SIMD-friendly choice (dim/num_sub_vectors % 8 == 0).
-    LanceDB needs a count that divides the dimension: elsewhere the largest below dim/16 (300-d: 15)."""
-    return next(n for n in range(max(1, dim // 16), 0, -1) if dim % n == 0)
-
-
 def hnsw_partitions(rows: int) -> int:
     """HNSW graphs per IVF partition stay large (~250k vectors) so each graph is worth building."""
     return max(1, rows // 250_000)
@@ -71,6 +65,8 @@ def rq_dimension_ok(dim: int) -> bool:
 def sweep_specs(rows: int, dim: int) -> list[tuple[IndexSpec, list[dict[str, Any]]]]:
     """Index builds and their query-parameter grids for the index-type sweep (IVF_RQ only where
     LanceDB can build it)."""
+    from ingest.writer import pq_sub_vectors  # here: the writer pulls in lancedb, the numpy cases' processes need not
+
     p = ivf_partitions(rows)
     # fixed counts, plus a quarter and half of the partitions: at 10^6 rows (1000 partitions) the
     # anisotropic benchmark vectors need 80-160 probes for recall@10 >= 0.95 (80 gave 0.94)

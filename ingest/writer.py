@@ -84,8 +84,14 @@ def index_params(config: VectorIndexConfig, rows: int, dim: int) -> dict[str, An
     # LanceDB trains at most one partition per row; the manifest records what it builds
     partitions = min(config.num_partitions or max(1, round(root)), max(rows, 1))
     if config.type == "IVF_PQ":
-        return {"num_partitions": partitions, "num_sub_vectors": config.num_sub_vectors or max(1, dim // 16)}
+        return {"num_partitions": partitions, "num_sub_vectors": config.num_sub_vectors or pq_sub_vectors(dim)}
     return {"num_partitions": partitions}
+
+
+def pq_sub_vectors(dim: int) -> int:
+    """16 dimensions per PQ sub-vector, LanceDB's SIMD-friendly default, where that divides the
+    dimension; LanceDB needs a divisor, so elsewhere the largest one below dim / 16 (300-d: 15)."""
+    return next(n for n in range(max(1, dim // 16), 0, -1) if dim % n == 0)
 
 
 def _vector_index(config: VectorIndexConfig, rows: int, dim: int) -> Any:
@@ -259,6 +265,9 @@ class IndexWriter:
             log.warning("table %r: %d-d vectors cannot be IVF_RQ-indexed (needs a multiple of 8); building IVF_FLAT",
                         table.name, dim)
             config = config.model_copy(update={"type": "IVF_FLAT"})
+        if config.type == "IVF_PQ" and config.num_sub_vectors and dim % config.num_sub_vectors:
+            raise IngestError(f"table {table.name!r}: vector_index.num_sub_vectors={config.num_sub_vectors} does not divide "
+                              f"its {dim}-d vectors (IVF_PQ needs a divisor; leave it unset for {pq_sub_vectors(dim)})")
         if config.type == "IVF_PQ" and rows < PQ_MIN_ROWS:
             # PQ trains 256 centroids per sub-vector: LanceDB then leaves every row unindexed.
             log.warning("table %r: %d rows are too few to train IVF_PQ (needs %d); building IVF_FLAT", table.name, rows, PQ_MIN_ROWS)

@@ -23,7 +23,7 @@ import pytest
 
 import ingest
 from drift_lance import schema
-from drift_lance._lance_store import list_table_names, open_store
+from drift_lance._lance_store import list_table_names, open_store, read_manifests
 from drift_lance.cli import main as cli_main
 from drift_lance.config.ingest import IngestConfig, StoreConfig
 from drift_lance.errors import ConfigError, IngestError, StoreError
@@ -1171,6 +1171,23 @@ async def test_the_manifest_records_the_vector_index_lancedb_built(dulce_dir, tm
         stats = await table.index_stats((await table.list_indices())[0].name)
         assert stats.num_indexed_rows == 39 and stats.num_unindexed_rows == 0
     assert "too few to train IVF_PQ" in caplog.text
+
+
+async def test_ivf_pq_sub_vectors_divide_any_dimension_and_a_bad_setting_names_the_table(tmp_path):
+    """LanceDB's IVF_PQ needs a sub-vector count that divides the dimension: dim / 16 (18 at 300-d)
+    failed the ingest with LanceDB's own message, naming no table or setting."""
+    from ingest.synthetic import generate_index
+
+    src = generate_index(tmp_path / "src", n_entities=300, dim=300, seed=3)
+    config = IngestConfig(ann_min_rows=256, vector_index={"type": "IVF_PQ"})
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), config=config, progress=False)
+    assert report.manifest.tables["entities"].vector_index == "IVF_PQ"
+    assert report.manifest.tables["entities"].vector_index_params["num_sub_vectors"] == 15
+
+    bad = IngestConfig(ann_min_rows=256, vector_index={"type": "IVF_PQ", "num_sub_vectors": 16})
+    with pytest.raises(IngestError, match=r"table 'entities': vector_index.num_sub_vectors=16 does not divide its 300-d"):
+        await ingest.run_ingest(src, str(tmp_path / "bad"), config=bad, progress=False)
+    assert await read_manifests(await lancedb.connect_async(str(tmp_path / "bad")), str(tmp_path / "bad")) == []
 
 
 @pytest.mark.parametrize(

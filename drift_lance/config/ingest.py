@@ -35,7 +35,8 @@ class VectorIndexConfig(BaseModel):
     # IVF partitions; None = round(sqrt(rows) / 2) for IVF_RQ, round(sqrt(rows)) for IVF_FLAT / IVF_PQ, max(1, rows // 100_000)
     # for IVF_HNSW_SQ (an HNSW graph per partition: fewer, larger partitions recall better).
     num_partitions: int | None = None
-    # IVF_PQ only: sub-vectors per vector; None = dim / 16 (LanceDB default is dim / 16 too).
+    # IVF_PQ only: sub-vectors per vector, a divisor of the dimension; None = dim / 16 (LanceDB's default),
+    # or the largest divisor below it.
     num_sub_vectors: int | None = None
     # IVF_HNSW_SQ only: graph degree and construction beam.
     m: int = 20
