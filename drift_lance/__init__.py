@@ -44,6 +44,7 @@ _EXPORTS = {
     "IngestError": "drift_lance.errors",
     "StoreError": "drift_lance.errors",
     "EmbeddingMismatchError": "drift_lance.errors",
+    "ModelError": "drift_lance.models.base",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -292,3 +292,18 @@ async def test_embedding_model_of_unknown_dimension_is_checked_on_its_first_vect
                     await search.search(QUERY)
         finally:
             await search.close()
+
+
+async def test_a_model_endpoint_that_fails_is_a_drift_lance_error(dulce_db_uri, openai_server, openai_settings, no_network):
+    """`except DriftLanceError` around a search catches every failure of ours, a model endpoint that
+    keeps failing too (ModelError used to be a bare RuntimeError, outside the exported hierarchy)."""
+    from drift_lance import DriftLanceError, ModelError
+    from drift_lance.testing import HashEmbedder
+
+    embedder = HashEmbedder(3072)  # HyDE fails too and falls back to embedding the question
+    openai_server.on_chat = lambda request: Reply.server_error(500)
+    config = DRIFTSearchConfig(drift_k_followups=2, primer_folds=1, n_depth=1)
+    async with await open_drift_search(dulce_db_uri, config=config, model_settings=openai_settings, embedder=embedder) as search:
+        with pytest.raises(DriftLanceError, match=r"chat model 'test-chat' at http://127\.0\.0\.1:\d+/v1 failed after 3 attempts: HTTP 500") as caught:
+            await search.search(QUERY)
+    assert isinstance(caught.value, ModelError)

@@ -14,6 +14,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BaseModel
 
+from drift_lance.errors import DriftLanceError
+
 Role = Literal["system", "user", "assistant"]
 # What a text is, for embedders that embed queries and documents differently (e5's "query: " /
 # "passage: " prefixes). Embedders without such a distinction ignore it.
@@ -74,8 +76,9 @@ class ChatParams:
     seed: int | None = None
 
 
-class ModelError(RuntimeError):
-    """A model call failed for good (after retries) or returned output that could not be used."""
+class ModelError(DriftLanceError, RuntimeError):
+    """A model call failed for good (after retries) or returned output that could not be used.
+    A DriftLanceError, so `except DriftLanceError` also catches a model endpoint that is down."""
 
 
 RequestFailure = Literal["status", "timeout", "connection", "malformed", "other"]
