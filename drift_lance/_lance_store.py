@@ -19,8 +19,9 @@ import json
 import logging
 import math
 import shlex
+import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from drift_lance import schema
 from drift_lance._cache import BoundedCache
 from drift_lance._exact import ExactMatrix
 from drift_lance._positions import positions_by_value, positions_of, rows_at
+from drift_lance.config import checked_config
 from drift_lance.config.ingest import SearchTuning, StoreConfig
 from drift_lance.errors import StoreError
 from drift_lance.object_store import (
@@ -619,10 +621,10 @@ def _ingest_hint(uri: str) -> str:
 
 
 async def open_store(
-    uri: str,
+    uri: str | os.PathLike[str],
     *,
     storage_options: dict[str, str] | None = None,
-    config: StoreConfig | None = None,
+    config: StoreConfig | Mapping[str, Any] | None = None,
     generation: int | None = None,
     session: Any = None,
 ) -> LanceStore:
@@ -633,7 +635,7 @@ async def open_store(
     http:// S3 endpoint (see `drift_lance.object_store`). `session`: a `lancedb.Session` to share
     LanceDB's caches with another store (default: a new one sized by `config`)."""
     uri = str(uri)
-    config = config or StoreConfig()
+    config = checked_config(config, StoreConfig, "config") or StoreConfig()
     check_not_a_file(uri)
     if "://" not in uri and not Path(uri).expanduser().exists():  # local default: say so plainly
         raise StoreError(f"{uri}: no database at this path; run `drift-lance ingest SRC --db {shlex.quote(uri)}` first")

@@ -51,6 +51,8 @@ def checked_question(query: str) -> str:
     """`query` stripped; ConfigError when it is empty or not Unicode text (a lone surrogate: bytes
     that were not UTF-8 in a command-line argument, or a cut JSON escape), which no model request
     can carry."""
+    if query is not None and not isinstance(query, str):  # bytes, a number, a list of questions
+        raise ConfigError(f"the question must be text (str), got {type(query).__name__}")
     if not query or not query.strip():
         raise ConfigError("the question is empty")
     try:

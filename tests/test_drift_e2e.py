@@ -307,3 +307,34 @@ async def test_a_model_endpoint_that_fails_is_a_drift_lance_error(dulce_db_uri, 
         with pytest.raises(DriftLanceError, match=r"chat model 'test-chat' at http://127\.0\.0\.1:\d+/v1 failed after 3 attempts: HTTP 500") as caught:
             await search.search(QUERY)
     assert isinstance(caught.value, ModelError)
+
+
+async def test_open_drift_search_takes_settings_as_dicts_and_names_a_wrong_argument(dulce_db_uri):
+    """What a notebook user writes: dicts for the settings and a model's name for the model. Dicts
+    are validated as the settings' fields; anything else is a ConfigError naming the argument
+    (it was an AttributeError from deep inside: "'dict' object has no attribute 'hyde_prompt'")."""
+    from pathlib import Path
+
+    from drift_lance.errors import ConfigError
+    from drift_lance.testing import HashEmbedder
+
+    chat = ScriptedChatModel(lambda messages, params, response_model: "unused")
+    search = await open_drift_search(
+        Path(dulce_db_uri), config={"n_depth": 2}, local_config={"community_level": 1},
+        store_config={"fetch_chunk_size": 3}, chat_model=chat, embedder=HashEmbedder(3072),
+    )
+    async with search:
+        assert search.config.n_depth == 2
+        assert search.context_builder.config.community_level == 1
+        assert search.store.config.fetch_chunk_size == 3
+    wrong = [
+        ({"config": {"n_dept": 2}}, r"^config: unknown DRIFTSearchConfig field 'n_dept'; did you mean 'n_depth'\?$"),
+        ({"config": "n_depth=2"}, r"^config: expected a DRIFTSearchConfig \(or a dict of its fields\), got str 'n_depth=2'$"),
+        ({"store_config": {"index_cache_bytes": "lots"}}, r"^store_config: field 'index_cache_bytes': Input should be a valid integer"),
+        ({"model_settings": ["gpt-4o"]}, r"^model_settings: expected a ModelSettings \(or a dict of its fields\), got list"),
+        ({"chat_model": "gpt-4o"}, r"^chat_model: expected an object with an async complete\(\) method, got str; "
+                                   r"to name a model, pass model_settings=ModelSettings\(chat_model='gpt-4o'\)$"),
+    ]
+    for arguments, message in wrong:
+        with pytest.raises(ConfigError, match=message):
+            await open_drift_search(dulce_db_uri, **{"chat_model": chat, "embedder": HashEmbedder(3072), **arguments})

@@ -9,7 +9,7 @@ import pytest
 
 from drift_lance.config.local import LocalSearchConfig
 from drift_lance.errors import ConfigError, EmbeddingMismatchError
-from drift_lance.local import LocalContextBuilder, LocalSearch, load_local_prompt
+from drift_lance.local import LocalContextBuilder, LocalSearch, build_local_context, load_local_prompt
 from drift_lance.models.base import ModelError
 from drift_lance.testing import HashEmbedder, ScriptedChatModel
 
@@ -55,6 +55,32 @@ async def test_an_empty_question_is_refused_before_any_model_call(dulce_store, q
     with pytest.raises(ConfigError, match="the question is empty"):
         search.stream_search("")
     assert model.calls == []
+
+
+async def test_a_question_that_is_not_text_is_a_config_error(dulce_store, query_vector):
+    model = ScriptedChatModel([ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store))
+    for question, kind in ((b"Who runs it?", "bytes"), (42, "int")):
+        with pytest.raises(ConfigError, match=rf"the question must be text \(str\), got {kind}"):
+            await search.search(question, query_vector=query_vector)
+    assert model.calls == []
+
+
+async def test_settings_may_be_a_dict_and_a_wrong_argument_is_named(dulce_store, dulce_db_uri, query_vector):
+    # A dict where a config goes, or the database path where the open store goes, failed at the
+    # first build with "'dict' object has no attribute 'prompt'" / "'str' object has no attribute 'manifest'".
+    model = ScriptedChatModel([ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store, config={"top_k_entities": 3}))
+    assert search.config.top_k_entities == 3
+    result = await search.search("Who runs it?", query_vector=query_vector)
+    expected = await LocalContextBuilder(dulce_store, config=LocalSearchConfig(top_k_entities=3)).build("", query_vector=query_vector)
+    assert result.response == ANSWER and result.context_text == expected.context_text
+    with pytest.raises(ConfigError, match=r"^config: unknown LocalSearchConfig field 'top_k_entites'; did you mean 'top_k_entities'\?$"):
+        LocalContextBuilder(dulce_store, config={"top_k_entites": 3})
+    with pytest.raises(ConfigError, match=r"^config: expected a LocalSearchConfig \(or a dict of its fields\), got str"):
+        LocalSearch(model, LocalContextBuilder(dulce_store), config="top_k_entities=3")
+    with pytest.raises(ConfigError, match=r"^store: expected an open store \(`await open_store\("):
+        await build_local_context(dulce_db_uri, "Who runs it?", query_vector=query_vector)
 
 
 async def test_answer_timeout_raises_model_error(dulce_store, query_vector):

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,8 +21,11 @@ from typing import Any, Protocol
 import numpy as np
 import polars as pl
 
+from drift_lance.config import checked_config
 from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.config.ingest import StoreConfig
+from drift_lance.config.local import LocalSearchConfig
+from drift_lance.config.models import ModelSettings
 from drift_lance.drift.action import ActionAnswer, DriftAction
 from drift_lance.drift.callbacks import DriftCallbacks, as_callback_list, emit
 from drift_lance.drift.llm import BoundedChat
@@ -90,7 +94,7 @@ class DRIFTSearch:
         embedder: Embedder,
         context_builder: ContextBuilder,
         tokenizer: Any,
-        config: DRIFTSearchConfig | None = None,
+        config: DRIFTSearchConfig | Mapping[str, Any] | None = None,
         prompts: DriftPrompts | None = None,
         callbacks: DriftCallbacks | Sequence[DriftCallbacks] = (),
         owns_store: bool = False,
@@ -101,7 +105,8 @@ class DRIFTSearch:
         self.embedder = embedder
         self.context_builder = context_builder
         self.tokenizer = tokenizer
-        self.config, self._follow_up_budget = _fit_budgets_to_model(config or DRIFTSearchConfig(), chat_model)
+        config = checked_config(config, DRIFTSearchConfig, "config") or DRIFTSearchConfig()
+        self.config, self._follow_up_budget = _fit_budgets_to_model(config, chat_model)
         self.prompts = prompts or load_prompts(self.config)
         self.callbacks = as_callback_list(callbacks)
         self._owns_store = owns_store
@@ -458,12 +463,18 @@ def _fit_budgets_to_model(config: DRIFTSearchConfig, chat_model: Any) -> tuple[D
     return config.model_copy(update=lowered), lowered.get("local_search_max_data_tokens")
 
 
+def _check_model_argument(model: object, argument: str, method: str, setting: str) -> None:
+    """A model name where a model object goes (`chat_model="gpt-4o"`) would only fail at the first
+    call, as an AttributeError: say at open how to name a model."""
+    if model is not None and not callable(getattr(model, method, None)):
+        hint = f"; to name a model, pass model_settings=ModelSettings({setting}={model!r})" if isinstance(model, str) else ""
+        raise ConfigError(f"{argument}: expected an object with an async {method}() method, got {type(model).__name__}{hint}")
+
+
 def local_config_for_drift(config: DRIFTSearchConfig, base: Any = None) -> Any:
     """The LocalSearchConfig each follow-up uses: `base` (or defaults) with DRIFT's local_search_*
     fields applied, as graphrag's DRIFT does for its local context builder. graphrag's DRIFT gives
     its local searches no claims (covariates), so neither do we."""
-    from drift_lance.config.local import LocalSearchConfig
-
     data = (base or LocalSearchConfig()).model_dump()
     data.update(
         text_unit_prop=config.local_search_text_unit_prop,
@@ -480,28 +491,34 @@ def local_config_for_drift(config: DRIFTSearchConfig, base: Any = None) -> Any:
 
 
 async def open_drift_search(
-    db_uri: str,
+    db_uri: str | os.PathLike[str],
     *,
-    config: DRIFTSearchConfig | None = None,
+    config: DRIFTSearchConfig | Mapping[str, Any] | None = None,
     chat_model: ChatModel | None = None,
     embedder: Embedder | None = None,
     storage_options: dict[str, str] | None = None,
-    model_settings: Any = None,
-    local_config: Any = None,
+    model_settings: ModelSettings | Mapping[str, Any] | None = None,
+    local_config: LocalSearchConfig | Mapping[str, Any] | None = None,
     callbacks: DriftCallbacks | Sequence[DriftCallbacks] = (),
-    store_config: StoreConfig | None = None,
+    store_config: StoreConfig | Mapping[str, Any] | None = None,
 ) -> DRIFTSearch:
     """A ready DRIFTSearch on the index at `db_uri`. Models not given are built from
     `model_settings` (default: from the environment; embedded offline models when no OpenAI endpoint
     is configured). `store_config`: how the index is read (ANN probes, caches, storage options), as
-    `Settings.store` sets it for the CLI and the service. Opens the store and reads its manifest;
-    nothing is loaded per report or entity."""
+    `Settings.store` sets it for the CLI and the service. Each settings argument also takes a dict
+    of its fields; a bad one is a ConfigError naming it. Opens the store and reads its manifest;
+    nothing is loaded per report or entity. Close it with `await search.close()` or `async with`."""
     from drift_lance._lance_store import open_store
     from drift_lance.local.context import LocalContextBuilder
     from drift_lance.models import get_chat_model, get_embedder
     from drift_lance.models.tokens import get_tokenizer
 
-    config = config or DRIFTSearchConfig()
+    config = checked_config(config, DRIFTSearchConfig, "config") or DRIFTSearchConfig()
+    model_settings = checked_config(model_settings, ModelSettings, "model_settings")
+    local_config = checked_config(local_config, LocalSearchConfig, "local_config")
+    store_config = checked_config(store_config, StoreConfig, "store_config")
+    _check_model_argument(chat_model, "chat_model", "complete", "chat_model")
+    _check_model_argument(embedder, "embedder", "embed", "embedding_model")
     prompts = load_prompts(config)  # fail on a bad prompt file before touching the store
     store = await open_store(db_uri, config=store_config, storage_options=storage_options)
     built: list[object] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 
 from drift_lance import schema
 from drift_lance._positions import positions_by_value, positions_of, rows_at
+from drift_lance.config import checked_config
 from drift_lance.config.local import LocalSearchConfig
 from drift_lance.errors import ConfigError, EmbeddingMismatchError, StoreError
 from drift_lance.local.history import ConversationHistory
@@ -201,9 +203,13 @@ class LocalContextBuilder:
     `build` takes per-call overrides of any `LocalSearchConfig` field (DRIFT passes its own
     budgets this way)."""
 
-    def __init__(self, store: IndexStore, *, tokenizer: Tokenizer | None = None, config: LocalSearchConfig | None = None):
+    def __init__(
+        self, store: IndexStore, *, tokenizer: Tokenizer | None = None, config: LocalSearchConfig | Mapping[str, Any] | None = None
+    ):
+        if isinstance(store, (str, os.PathLike)):  # would fail at the first build, as an AttributeError
+            raise ConfigError(f"store: expected an open store (`await open_store({str(store)!r})`), got the path itself")
         self.store = store
-        self.config = config or LocalSearchConfig()
+        self.config = checked_config(config, LocalSearchConfig, "config") or LocalSearchConfig()
         self._tokenizer = tokenizer
         # Only with carry_relationship_links: the `links` values graphrag leaves on its shared
         # relationship objects, which later builds print for relationships they never re-rank.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import string
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from drift_lance._bundled import bundled_prompt
+from drift_lance.config import checked_config
 from drift_lance.config.local import LocalSearchConfig
 from drift_lance.drift.result import SearchResult, to_jsonable
 from drift_lance.errors import ConfigError, checked_question
@@ -60,13 +61,13 @@ class LocalSearch:
         builder: LocalContextBuilder,
         *,
         embedder: Embedder | None = None,
-        config: LocalSearchConfig | None = None,
+        config: LocalSearchConfig | Mapping[str, Any] | None = None,
         params: ChatParams | None = None,
     ):
         self.model = model
         self.builder = builder
         self.embedder = embedder
-        self.config = config or builder.config
+        self.config = checked_config(config, LocalSearchConfig, "config") or builder.config
         self.params = params
         self.system_prompt = load_local_prompt(self.config.prompt)
 

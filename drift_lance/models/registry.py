@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from drift_lance.config import checked_config
 from drift_lance.config.models import ModelSettings, default_model_settings
 from drift_lance.errors import ConfigError
 from drift_lance.models.base import ChatModel, Embedder
@@ -47,7 +48,7 @@ def embedders() -> list[str]:
 def get_chat_model(settings: ModelSettings | None = None) -> ChatModel:
     """A chat model for `settings` (default: from the environment), wrapped in the on-disk
     response cache when `cache_dir` is set."""
-    settings = (settings or default_model_settings()).resolve()
+    settings = (checked_config(settings, ModelSettings, "settings") or default_model_settings()).resolve()
     factory = _chat_backends.get(settings.chat_backend)
     if factory is None:
         raise ConfigError(
@@ -63,7 +64,7 @@ def get_chat_model(settings: ModelSettings | None = None) -> ChatModel:
 
 def get_embedder(settings: ModelSettings | None = None) -> Embedder:
     """An embedder for `settings` (default: from the environment)."""
-    settings = (settings or default_model_settings()).resolve()
+    settings = (checked_config(settings, ModelSettings, "settings") or default_model_settings()).resolve()
     factory = _embedders.get(settings.embedding_backend)
     if factory is None:
         raise ConfigError(
