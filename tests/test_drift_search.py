@@ -203,6 +203,21 @@ async def test_graph_shape_and_serialization(store):
     assert "-----Entities-----" in dumped["context_text"][some_action]
 
 
+async def test_a_results_repr_shows_the_answer_and_its_cost_not_the_contexts(store):
+    # Shown in a notebook cell or a log line: it was every context and the graph, ~100 kB here.
+    from drift_lance.drift import SearchResult
+
+    search = make_search(store, ScriptedChatModel(drift_responder()), drift_k_followups=2, primer_folds=2, n_depth=2)
+    result = await search.search("Who leads the Dulce base?")
+    text = repr(result)
+    assert text.startswith(f"SearchResult(response={REDUCE_TEXT!r}, completion_time=")
+    assert "llm_calls_categories={'build_context': 1, 'primer': 2, 'action': 4, 'reduce': 1}" in text
+    assert "failures=0" in text and len(text) < 1000
+    assert "context_data" not in text and "state=" not in text
+    # help(SearchResult) documents every field
+    assert all(f"`{name}`" in SearchResult.__doc__ for name in SearchResult.model_fields)
+
+
 async def test_duplicate_follow_ups_run_once(store):
     def respond(messages, params, response_model):
         stage = stage_of(messages, response_model)

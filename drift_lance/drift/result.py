@@ -21,6 +21,24 @@ STAGES = ("build_context", "primer", "action", "reduce")
 
 
 class SearchResult(BaseModel):
+    """The answer of one search and what it cost; plain JSON types throughout (`model_dump()`,
+    `model_dump_json()`).
+
+    - `response`: the answer text (DRIFT with `reduce=False`: the action graph).
+    - `context_data`: the records the model read. Local search: {section: [record, ...]}; DRIFT:
+      {action query: {section: [record, ...]}}, the root (primer) query's entry holding the
+      community reports the primer read. `context_text`: the context tables as sent (DRIFT: per
+      action query).
+    - `completion_time`: seconds. `llm_calls`, `prompt_tokens`, `output_tokens`: totals;
+      `llm_calls_categories`, `prompt_tokens_categories`, `output_tokens_categories`: the same per
+      stage (DRIFT: `build_context` = the HyDE call, `primer`, `action` = the follow-ups, `reduce`;
+      local search: `build_context`, `response`).
+    - `failures`, `failures_categories` (DRIFT): steps the answer had to do without, per stage.
+    - `state` (DRIFT): the action graph, questions, answers and scores, without contexts.
+
+    The repr leaves out `context_data`, `context_text` and `state` (tens of kilobytes).
+    """
+
     # Serialised with every field (CLI --json, the service): its JSON schema says so, so a client
     # generated from the OpenAPI document types none of them as optional.
     model_config = ConfigDict(json_schema_serialization_defaults_required=True)
@@ -28,8 +46,8 @@ class SearchResult(BaseModel):
     response: str | dict[str, Any] | list[Any]
     # Local search: {section: [records]}. DRIFT: {action query: {section: [records]}}; the root
     # (primer) action's entry holds the community reports the primer read.
-    context_data: dict[str, Any] = Field(default_factory=dict)
-    context_text: str | list[Any] | dict[str, Any] = ""
+    context_data: dict[str, Any] = Field(default_factory=dict, repr=False)
+    context_text: str | list[Any] | dict[str, Any] = Field("", repr=False)
     completion_time: float = 0.0  # seconds
     llm_calls: int = 0
     prompt_tokens: int = 0
@@ -42,7 +60,7 @@ class SearchResult(BaseModel):
     failures: int = 0
     failures_categories: dict[str, int] = Field(default_factory=dict)
     # DRIFT only: the action graph (QueryState.serialize(include_context=False)).
-    state: dict[str, Any] | None = None
+    state: dict[str, Any] | None = Field(None, repr=False)
 
 
 def to_jsonable(value: Any) -> Any:
