@@ -269,6 +269,21 @@ def test_cli_context_props_over_one_name_the_rule_not_every_setting(dulce_db_uri
     assert err == "drift-lance context: error: local search settings: community_prop + text_unit_prop must be <= 1 (got 0.6 + 0.5)\n"
 
 
+async def test_a_bad_keyword_setting_is_named_as_the_python_caller_gave_it(dulce_store, golden_local_context):
+    # These said "max_tokens: Extra inputs are not permitted, got 100 (from --set max_tokens)" to a
+    # Python caller, who had passed no --set.
+    from drift_lance.errors import ConfigError
+    from drift_lance.local import build_local_context
+
+    vector = np.asarray(golden_local_context["cases"][0]["query_vector"], dtype=np.float32)
+    with pytest.raises(ConfigError) as caught:
+        await build_local_context(dulce_store, "q", query_vector=vector, max_tokens=100)
+    assert str(caught.value) == "local search settings: max_tokens: unknown setting; did you mean 'max_context_tokens'?"
+    with pytest.raises(ConfigError) as caught:
+        await build_local_context(dulce_store, "q", query_vector=vector, top_k_entities=-1)
+    assert str(caught.value) == "local search settings: top_k_entities: Input should be greater than or equal to 0, got -1"
+
+
 def test_cli_set_takes_text_as_written_and_lists_as_one_title_or_json(dulce_db_uri, capsys):
     """"|" is the default delimiter and titles contain colons: YAML must not get to reinterpret them."""
     from drift_lance.cli import main

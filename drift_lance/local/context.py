@@ -30,7 +30,7 @@ from drift_lance import schema
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
 from drift_lance.config.local import LocalSearchConfig
-from drift_lance.errors import ConfigError, EmbeddingMismatchError, StoreError
+from drift_lance.errors import ConfigError, EmbeddingMismatchError, StoreError, did_you_mean
 from drift_lance.local.history import ConversationHistory
 from drift_lance.local.ranking import RelationshipSteps, rank_reports, rank_text_units
 from drift_lance.local.render import (
@@ -225,7 +225,7 @@ class LocalContextBuilder:
         try:
             return LocalSearchConfig.model_validate({**self.config.model_dump(), **values})
         except ValidationError as exc:
-            problems = "; ".join(_describe_problem(error, overrides) for error in exc.errors())
+            problems = "; ".join(_describe_problem(error) for error in exc.errors())
             raise ConfigError(f"local search settings: {problems}") from None
 
     def tokenizer_for(self, config: LocalSearchConfig) -> Tokenizer:
@@ -692,15 +692,18 @@ def _with_membership(frame: pl.DataFrame, level: int) -> pl.DataFrame:
     return frame.hstack([membership.alias("membership")])
 
 
-def _describe_problem(error: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
+def _describe_problem(error: Mapping[str, Any]) -> str:
     """One validation problem: the field, the message and the value given. A rule across fields
     (community_prop + text_unit_prop) has no field and its message already names the values;
-    its input is the whole settings dict, which is not repeated."""
+    its input is the whole settings dict, which is not repeated. The overrides are `build` / `search`
+    keyword arguments or `drift-lance context --set`, so neither is named."""
     loc = error["loc"]
     if not loc:
         return str(error["msg"]).removeprefix("Value error, ")
-    origin = f" (from --set {loc[0]})" if loc[0] in overrides else ""
-    return f"{'.'.join(map(str, loc))}: {error['msg']}, got {error['input']!r}{origin}"
+    field = ".".join(map(str, loc))
+    if error["type"] == "extra_forbidden":  # a misspelt keyword argument
+        return f"{field}: unknown setting{did_you_mean(field, LocalSearchConfig.model_fields)}"
+    return f"{field}: {error['msg']}, got {error['input']!r}"
 
 
 def _report_content(cfg: LocalSearchConfig) -> str:
