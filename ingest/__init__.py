@@ -15,6 +15,7 @@ from ingest import _lance_log  # noqa: F401 - first: sets Lance's log level befo
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,7 +196,7 @@ def _check_reused_dimensions(reused: list[TableVectors]) -> None:
 
 async def run_ingest(
     src: str | Path,
-    db_uri: str,
+    db_uri: str | os.PathLike[str],
     *,
     config: IngestConfig | None = None,
     embedder: Embedder | None = None,
@@ -270,7 +271,7 @@ def _checked_config(config: IngestConfig) -> IngestConfig:
         raise ConfigError(describe_validation_error(exc, prefix="ingest")) from None
 
 
-def ingest(src: str | Path, db_uri: str, **kwargs: Any) -> IngestReport:
+def ingest(src: str | Path, db_uri: str | os.PathLike[str], **kwargs: Any) -> IngestReport:
     """Synchronous `run_ingest` (for scripts and the CLI; not for use inside a running event loop)."""
     try:
         asyncio.get_running_loop()

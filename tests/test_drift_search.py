@@ -786,6 +786,19 @@ async def test_a_stream_left_early_in_async_with_is_closed_and_a_closed_search_r
             pass
 
 
+def test_async_with_a_stream_types_it_as_the_stream_itself():
+    # `async with search.stream_search(q) as stream: ...; stream.result` (the README's own example):
+    # __aenter__ was annotated as the base GeneratorStream, which has no `result` nor `text()`, so a
+    # type checker reading py.typed flagged both. (No checker is installed here: read the hints.)
+    from typing import Self, get_type_hints
+
+    from drift_lance.drift import DriftStream
+    from drift_lance.local import LocalStream
+
+    for stream_class in (DriftStream, LocalStream):
+        assert get_type_hints(stream_class.__aenter__)["return"] is Self
+
+
 async def test_drift_budgets_fit_a_model_with_a_small_fixed_window(store):
     from drift_lance.local import LocalContextBuilder
     from drift_lance.models import get_tokenizer

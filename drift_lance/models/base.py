@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel
@@ -166,7 +166,8 @@ class GeneratorStream:
 
     # `async with search.stream_search(q) as stream:` closes it however the loop is left (an
     # abandoned stream holds its model call, and a concurrency slot, until it is collected).
-    async def __aenter__(self) -> GeneratorStream:
+    # Self: a type checker then knows `stream` as the subclass, with its `result` and `text()`.
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
