@@ -16,9 +16,12 @@ import numpy as np
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from drift_lance.errors import StoreError
+from drift_lance.errors import DriftLanceError, StoreError
 
-__all__ = ["AnnCalibration", "IndexStore", "Manifest", "StoreError", "TableInfo", "VectorColumnInfo"]
+__all__ = [
+    "AnnCalibration", "IndexStore", "Manifest", "StoreError", "TableInfo", "VectorColumnInfo", "raise_if_generation_gone",
+    "same_manifest",
+]
 
 # The manifest is served as JSON with every field (GET /v1/index): its JSON schema says so, so a client
 # generated from the OpenAPI document types no field as optional. Reading a manifest keeps the defaults.
@@ -142,3 +145,29 @@ class IndexStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def same_manifest(a: Any, b: Any) -> bool:
+    """The same ingest: generation, time (microseconds; whole seconds before) and pinned table versions."""
+    return (a.generation, a.ingested_at, {t: i.version for t, i in a.tables.items()}) == (
+        b.generation, b.ingested_at, {t: i.version for t, i in b.tables.items()})
+
+
+async def raise_if_generation_gone(store: IndexStore, exc: Exception) -> None:
+    """StoreError saying so when `exc` came from reading a generation that is no longer listed: a
+    later ingest's cleanup deleted it (a store kept open longer than `ingest.keep_replaced_seconds`
+    across ingests), or the database was deleted and ingested anew. LanceDB's own error only names
+    a missing file or version. Returns when the generation is still there (or cannot be checked)."""
+    if isinstance(exc, DriftLanceError) and not isinstance(exc, StoreError):  # a model or setting: not the data
+        return
+    try:
+        manifests = await store.manifests()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - the manifest table unreadable too: the search's own error stands
+        return
+    if any(same_manifest(m, store.manifest) for m in manifests):
+        return
+    newest = f" (the newest is generation {manifests[-1].generation})" if manifests else ""
+    raise StoreError(
+        f"{store.uri}: generation {store.manifest.generation}, which this store was opened on, was deleted by a later "
+        f"ingest{newest}; open the index again (open_drift_search / open_store) to search the current one"
+    ) from exc

@@ -813,3 +813,39 @@ async def test_drift_budgets_fit_a_model_with_a_small_fixed_window(store):
     contexts = [text for query, text in result.context_text.items() if query != "q"]
     assert contexts and all(0 < count(text) <= 2048 for text in contexts)
 
+
+
+async def test_a_search_kept_open_past_its_generations_cleanup_says_to_reopen(dulce_dir, tmp_path):
+    """A long-lived search object (a notebook, an app that embeds the engine) on a database that a
+    later ingest cleaned up failed with LanceDB's bare "RuntimeError: lance error: Not found:
+    .../data/....lance"; now a StoreError names the generation and says to open the index again."""
+    import ingest
+    from drift_lance import IngestConfig
+    from drift_lance.drift import open_drift_search
+    from drift_lance.errors import StoreError
+    from drift_lance.local import LocalContextBuilder, LocalSearch
+
+    uri = str(tmp_path / "db")
+    replace_at_once = IngestConfig(keep_replaced_seconds=0)
+    await ingest.run_ingest(dulce_dir, uri, config=replace_at_once, progress=False)
+    search = await open_drift_search(
+        uri, config={"drift_k_followups": 2, "primer_folds": 1, "n_depth": 1, "seed": 1},
+        store_config={"table_cache_bytes": 0, "vector_cache_bytes": 0},  # every search reads the files
+        chat_model=ScriptedChatModel(drift_responder()), embedder=HashEmbedder(3072),
+    )
+    async with search:
+        assert (await search.search("Who leads the Dulce base?")).response == REDUCE_TEXT
+        for _ in range(2):  # generation 1 stays as the previous one, then goes
+            await ingest.run_ingest(dulce_dir, uri, config=replace_at_once, progress=False)
+        gone = rf"^{uri}: generation 1, which this store was opened on, was deleted by a later ingest \(the newest is generation 3\); open the index again"
+        with pytest.raises(StoreError, match=gone):
+            await search.search("Who leads the Dulce base?")
+        with pytest.raises(StoreError, match=gone):
+            await search.stream_search("Who leads the Dulce base?").text()
+        local = LocalSearch(ScriptedChatModel(["answer"]), LocalContextBuilder(search.store), embedder=HashEmbedder(3072))
+        with pytest.raises(StoreError, match=gone):
+            await local.search("Who leads the Dulce base?")
+    async with await open_drift_search(uri, chat_model=ScriptedChatModel(drift_responder()), embedder=HashEmbedder(3072),
+                                       config={"drift_k_followups": 2, "primer_folds": 1, "n_depth": 1}) as reopened:
+        assert reopened.store.manifest.generation == 3
+        assert (await reopened.search("Who leads the Dulce base?")).response == REDUCE_TEXT

@@ -36,7 +36,7 @@ from drift_lance.drift.state import QueryState
 from drift_lance.errors import ConfigError, checked_question
 from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, aclose_models, fit_to_window
 from drift_lance.models.limits import calls_ranked_from
-from drift_lance.store import IndexStore
+from drift_lance.store import IndexStore, raise_if_generation_gone
 
 __all__ = ["ContextBuilder", "DRIFTSearch", "DriftStream", "local_config_for_drift", "open_drift_search"]
 
@@ -124,6 +124,7 @@ class DRIFTSearch:
                 return await self._search(query, reduce=reduce, callbacks=callbacks)
             except Exception as exc:
                 self._raise_if_closed(exc)
+                await raise_if_generation_gone(self.store, exc)
                 raise
 
     async def _search(self, query: str, *, reduce: bool, callbacks: DriftCallbacks | Sequence[DriftCallbacks]) -> SearchResult:
@@ -413,6 +414,7 @@ class DriftStream(GeneratorStream):
                         yield delta
                 except Exception as exc:
                     self._search._raise_if_closed(exc)
+                    await raise_if_generation_gone(self._search.store, exc)
                     raise
 
     async def _deltas(self) -> AsyncIterator[str]:

@@ -24,6 +24,7 @@ from drift_lance.errors import ConfigError, checked_question
 from drift_lance.local.context import LocalContext, LocalContextBuilder
 from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, fit_to_window
 from drift_lance.models.deadline import deltas_within, within
+from drift_lance.store import raise_if_generation_gone
 
 __all__ = ["LocalSearch", "load_local_prompt"]
 
@@ -79,13 +80,17 @@ class LocalSearch:
         fitted = fit_to_window(self.model, budget, self.params.max_tokens if self.params else None)
         if fitted < budget:  # a model with a small fixed window (the embedded one): the context must fit it
             overrides["max_context_tokens"] = fitted
-        return await self.builder.build(
-            query,
-            query_vector=query_vector,
-            embedder=self.embedder,
-            conversation_history=conversation_history,
-            **overrides,
-        )
+        try:
+            return await self.builder.build(
+                query,
+                query_vector=query_vector,
+                embedder=self.embedder,
+                conversation_history=conversation_history,
+                **overrides,
+            )
+        except Exception as exc:
+            await raise_if_generation_gone(self.builder.store, exc)
+            raise
 
     def _config_overrides(self) -> dict[str, Any]:
         # The builder already holds its own config; pass ours only when it is a different one.

@@ -20,6 +20,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from drift_lance.store import same_manifest
+
 log = logging.getLogger("drift_lance.service")
 
 # Opens the store of `generation` (None = newest), reusing `previous`'s caches when given.
@@ -159,12 +161,6 @@ def ingested_anew(served: Any, manifests: list[Any]) -> bool:
     if listed is None:
         return manifests[-1].generation < served.generation
     return not same_manifest(listed, served)
-
-
-def same_manifest(a: Any, b: Any) -> bool:
-    """The same ingest: generation, time (microseconds; whole seconds before) and pinned table versions."""
-    return (a.generation, a.ingested_at, {t: i.version for t, i in a.tables.items()}) == (
-        b.generation, b.ingested_at, {t: i.version for t, i in b.tables.items()})
 
 
 async def _open_every_table(store: Any) -> None:
