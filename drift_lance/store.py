@@ -68,6 +68,9 @@ class TableInfo(BaseModel):
 
 
 class Manifest(BaseModel):
+    """One completed ingest (a generation): its source, layout, the table versions it pins, and its
+    vectors' dimension and model per table. `store.manifest` is the one a store is pinned to."""
+
     model_config = _SERVED_IN_FULL
 
     generation: int  # increases by one per completed ingest
@@ -81,6 +84,9 @@ class Manifest(BaseModel):
 
 
 class IndexStore(Protocol):
+    """Read access to one ingested index, pinned to one manifest generation: what the engine needs
+    from a store. `open_store(uri)` returns the LanceDB implementation; close it when done."""
+
     uri: str
     manifest: Manifest
 

@@ -401,6 +401,25 @@ def test_public_api_names_resolve():
     assert missing == []
 
 
+def test_help_on_every_public_name_and_search_method_shows_its_own_documentation():
+    # help(DRIFTSearch) showed no description, help(SearchResult) / help(Manifest) pydantic's
+    # "Usage Documentation" text and help(IndexStore) "Base class for protocol classes."
+    import inspect
+
+    import drift_lance
+
+    def own_doc(obj):  # a class's own docstring, not one inherited from BaseModel or Protocol
+        return obj.__dict__.get("__doc__") if inspect.isclass(obj) else obj.__doc__
+
+    undocumented = [name for name in drift_lance.__all__[1:] if not own_doc(getattr(drift_lance, name))]
+    methods = [(drift_lance.DRIFTSearch, ("search", "stream_search", "close")),
+               (drift_lance.LocalSearch, ("search", "stream_search", "build_context")),
+               (drift_lance.LocalContextBuilder, ("build",))]
+    undocumented += [f"{owner.__name__}.{name}" for owner, names in methods for name in names
+                     if not inspect.getdoc(getattr(owner, name))]
+    assert undocumented == []
+
+
 def test_ingest_inspect_and_query_through_the_real_entry_point(dulce_dir, tmp_path):
     """The user's path in separate processes: ingest the dulce index, inspect it, then query it
     (blocking, streamed, --json, and --graph-out in all three formats) against an OpenAI-protocol

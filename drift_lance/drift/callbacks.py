@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 
 
 class DriftCallbacks:
+    """Progress of one DRIFT query. Override the events you need (plain or `async` methods; the
+    query waits for an async one); pass the object, or a list of them, as `callbacks=` to
+    `open_drift_search` / `DRIFTSearch` (every query) or to `search` / `stream_search` (one). A
+    callback that raises is logged and skipped."""
+
     def on_primer_done(self, root: DriftAction, reports: list[dict[str, Any]]) -> Any:
         """The root action exists; `reports` are the top-k reports the primer read."""
 

@@ -86,6 +86,17 @@ class _Run:
 
 
 class DRIFTSearch:
+    """DRIFT search on one opened index. Build it with `await open_drift_search(db)`; construct it
+    directly to bring your own store, models or context builder. One object serves any number of
+    concurrent queries (`asyncio.gather(search.search(a), search.search(b))`): each query has its
+    own state and its own `concurrency` bound, and the models' limits are shared.
+
+        result = await search.search(question)              # SearchResult
+        async with search.stream_search(question) as stream:
+            async for token in stream: ...                  # then stream.result
+        await search.close()                                # or `async with search:`
+    """
+
     def __init__(
         self,
         *,
@@ -118,7 +129,12 @@ class DRIFTSearch:
     async def search(
         self, query: str, *, reduce: bool = True, callbacks: DriftCallbacks | Sequence[DriftCallbacks] = ()
     ) -> SearchResult:
-        """Run the whole query; with `reduce=False` the response is the action graph."""
+        """Run the whole query (HyDE, primer, `n_depth` epochs of follow-ups, reduce) and return its
+        SearchResult; with `reduce=False` the response is the action graph. `callbacks`: progress
+        callbacks for this query, after the search's own. Raises ConfigError (empty question, closed
+        search), StoreError, EmbeddingMismatchError or ModelError (every primer fold or the reduce
+        failed for good; a failed HyDE call falls back to the question, a failed follow-up only
+        marks its action: see `result.failures`)."""
         with calls_ranked_from():  # under load, an earlier query's model calls go first
             try:
                 return await self._search(query, reduce=reduce, callbacks=callbacks)
@@ -139,8 +155,10 @@ class DRIFTSearch:
         return self._result(run, response=result.text)
 
     def stream_search(self, query: str, *, callbacks: DriftCallbacks | Sequence[DriftCallbacks] = ()) -> DriftStream:
-        """`async for token in stream` yields the reduce deltas; `stream.result` is the full
-        SearchResult once the stream is exhausted."""
+        """The query of `search`, with the reduce streamed: `async for token in stream` yields its
+        deltas, and `stream.result` is the full SearchResult once the stream is exhausted (None
+        before). Nothing runs until iteration starts; use `async with` (or `await stream.aclose()`)
+        so that leaving early ends the model call at once. `await stream.text()`: the whole answer."""
         return DriftStream(self, query, callbacks)
 
     async def close(self) -> None:

@@ -24,6 +24,10 @@ Scorer = Callable[[DriftAction], float | None]
 
 
 class QueryState:
+    """The action graph of one DRIFT query: the root (the question, answered by the primer) and
+    every follow-up question, with edges from each action to those it proposed. A SearchResult
+    carries it serialized (`result.state`); `QueryState.deserialize(result.state)` rebuilds it."""
+
     def __init__(self) -> None:
         self.graph = nx.MultiDiGraph()
         # networkx hands back attributes, not the stored key object; we need the stored object so

@@ -75,6 +75,7 @@ class LocalSearch:
     async def build_context(
         self, query: str, *, query_vector: np.ndarray | Sequence[float] | None = None, conversation_history: Any = None, **overrides: Any
     ) -> LocalContext:
+        """The context `search` would send, without calling the model. `overrides`: LocalSearchConfig fields for this call."""
         overrides = {**self._config_overrides(), **overrides}
         budget = overrides.get("max_context_tokens", self.builder.config.max_context_tokens)
         fitted = fit_to_window(self.model, budget, self.params.max_tokens if self.params else None)
@@ -119,6 +120,9 @@ class LocalSearch:
         response_type: str | None = None,
         **overrides: Any,
     ) -> SearchResult:
+        """Build the context for `query` (mapped to entities by `query_vector`, else by the search's
+        embedder) and answer it with one model call. `overrides`: LocalSearchConfig fields for this
+        call (`top_k_entities=5`, `llm_timeout=30`, ...); `conversation_history` opens the context."""
         started = time.perf_counter()
         query = checked_question(query)
         config = self.call_config(overrides)  # per-call llm_timeout / prompt / response_type are the answer's
