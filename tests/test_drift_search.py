@@ -410,6 +410,27 @@ async def test_callbacks_may_be_one_object_or_a_list(store):
     assert len(one.callbacks) == 1
 
 
+async def test_a_function_given_as_callbacks_is_refused_not_silently_never_called(store):
+    # `callbacks=print` (or a lambda) was accepted and never called: no event has that name.
+    chat = ScriptedChatModel(drift_responder())
+    search = make_search(store, chat, drift_k_followups=1, primer_folds=1, n_depth=1)
+    seen = []
+    with pytest.raises(ConfigError, match=r"^callbacks: function test_.*<lambda> has none of the methods on_primer_done, .*on_reduce_end; subclass"):
+        await search.search("Who leads the Dulce base?", callbacks=lambda *event: seen.append(event))
+    with pytest.raises(ConfigError, match=r"^callbacks: builtin_function_or_method print has none"):
+        DRIFTSearch(store=store, chat_model=chat, embedder=search.embedder, context_builder=search.context_builder,
+                    tokenizer=search.tokenizer, callbacks=[print])
+    assert chat.calls == []
+
+    class OnlyTokens:  # any object with one of the events' methods will do
+        def on_token(self, token):
+            seen.append(token)
+
+    async with search.stream_search("Who leads the Dulce base?", callbacks=OnlyTokens()) as stream:
+        answer = await stream.text()
+    assert "".join(seen) == answer == REDUCE_TEXT
+
+
 async def test_every_model_call_of_a_query_carries_the_query_start_as_its_rank(store):
     """What the process-wide limiter serves oldest first: one rank per query, HyDE to reduce."""
     from drift_lance.models.limits import _search_started

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from drift_lance.drift.action import DriftAction
+from drift_lance.errors import ConfigError
 
 __all__ = ["DriftCallbacks", "as_callback_list", "emit"]
 
@@ -43,13 +44,23 @@ class DriftCallbacks:
         """The final answer."""
 
 
+EVENTS = tuple(name for name in vars(DriftCallbacks) if name.startswith("on_"))
+
+
 def as_callback_list(callbacks: DriftCallbacks | Sequence[DriftCallbacks] | None) -> list[DriftCallbacks]:
-    """`callbacks=` as a list: one callbacks object or a sequence of them (or None) are accepted."""
+    """`callbacks=` as a list: one callbacks object or a sequence of them (or None) are accepted.
+    ConfigError for one with none of the events' methods (a plain function, say), which would
+    otherwise never be called."""
     if callbacks is None:
         return []
-    if isinstance(callbacks, (list, tuple)):
-        return list(callbacks)
-    return [callbacks]  # type: ignore[list-item]
+    listed = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    for callback in listed:
+        if not any(callable(getattr(callback, event, None)) for event in EVENTS):
+            raise ConfigError(
+                f"callbacks: {type(callback).__name__} {getattr(callback, '__qualname__', '')} has none of the methods "
+                f"{', '.join(EVENTS)}; subclass drift_lance.DriftCallbacks and override the events you need"
+            )
+    return listed  # type: ignore[return-value]
 
 
 async def emit(callbacks: Sequence[DriftCallbacks], event: str, *args: Any) -> None:
