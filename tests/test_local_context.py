@@ -284,6 +284,19 @@ async def test_a_bad_keyword_setting_is_named_as_the_python_caller_gave_it(dulce
     assert str(caught.value) == "local search settings: top_k_entities: Input should be greater than or equal to 0, got -1"
 
 
+async def test_a_contexts_repr_shows_its_shape_not_its_text(dulce_store, golden_local_context):
+    # A notebook cell showing `ctx` printed all ~50 kB of context text, then every entity id, and
+    # `ctx.records` was "<SectionRecords object at 0x...>".
+    from drift_lance.local import build_local_context
+
+    vector = np.asarray(golden_local_context["cases"][0]["query_vector"], dtype=np.float32)
+    ctx = await build_local_context(dulce_store, "q", query_vector=vector)
+    rows = ", ".join(f"{name}={len(ctx.records[name])}" for name in SECTIONS)
+    assert repr(ctx.records) == f"SectionRecords({rows})"
+    assert repr(ctx) == (f"LocalContext(context_text=<{len(ctx.context_text):,} chars>, records=SectionRecords({rows}), "
+                         f"selected_entity_ids=<{len(ctx.selected_entity_ids)} ids>)")
+
+
 def test_cli_set_takes_text_as_written_and_lists_as_one_title_or_json(dulce_db_uri, capsys):
     """"|" is the default delimiter and titles contain colons: YAML must not get to reinterpret them."""
     from drift_lance.cli import main

@@ -101,6 +101,11 @@ class LocalContext:
     output_tokens: int = 0
     _tokens: int | None = field(default=None, repr=False)
 
+    def __repr__(self) -> str:
+        # The text is tens of kilobytes (a notebook cell would print it all): show its shape.
+        return (f"LocalContext(context_text=<{len(self.context_text):,} chars>, records={self.records!r}, "
+                f"selected_entity_ids=<{len(self.selected_entity_ids)} ids>)")
+
     @property
     def token_count(self) -> int:
         """Tokens of `context_text` (counted on first use)."""

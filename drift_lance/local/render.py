@@ -116,6 +116,9 @@ class SectionRecords(Mapping[str, pl.DataFrame]):
     def __jsonable__(self) -> dict[str, list[dict[str, str]]]:
         return {name: section.record_dicts() for name, section in self._sections.items()}
 
+    def __repr__(self) -> str:  # rows per section, without building a frame
+        return f"SectionRecords({', '.join(f'{name}={len(section.rows)}' for name, section in self._sections.items())})"
+
 
 def _unique_names(header: list[str]) -> list[str]:
     seen: dict[str, int] = {}
