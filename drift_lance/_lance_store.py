@@ -137,8 +137,17 @@ class LanceStore:
         """Vector dimension of `table` (StoreError when it has no vector column)."""
         info = self.manifest.vectors.get(table)
         if info is None:
-            raise StoreError(f"{self.uri}: table {table!r} has no vector column")
+            if table not in self.manifest.tables:  # a misspelt name is not "a table without vectors"
+                raise self._unknown_table(table)
+            raise StoreError(f"{self.uri}: table {table!r} has no vector column (tables with vectors: "
+                             f"{', '.join(sorted(self.manifest.vectors))})")
         return info.dimension
+
+    def _unknown_table(self, table: str) -> StoreError:
+        return StoreError(
+            f"{self.uri}: table {table!r} is not in manifest generation {self.manifest.generation} "
+            f"(tables: {', '.join(sorted(self.manifest.tables))})"
+        )
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(asyncio.get_running_loop(), {}).setdefault(name, asyncio.Lock())
@@ -147,10 +156,7 @@ class LanceStore:
         if self._closed:
             raise StoreError(f"{self.uri}: this store is closed")
         if table not in self.manifest.tables:
-            raise StoreError(
-                f"{self.uri}: table {table!r} is not in manifest generation {self.manifest.generation} "
-                f"(tables: {', '.join(sorted(self.manifest.tables))})"
-            )
+            raise self._unknown_table(table)
         handle = self._tables.get(table)
         if handle is not None:
             return handle

@@ -239,6 +239,13 @@ async def test_unknown_table_is_a_store_error(dulce_store):
     assert not dulce_store.has_table("claims")
     with pytest.raises(StoreError, match="'claims'"):
         await dulce_store.scan("claims")
+    # A search named a misspelt table "a table without vectors", with no list of what there is.
+    unknown = r"table 'entity' is not in manifest generation 1 \(tables: communities, community_reports, covariates, documents, entities,"
+    for search in (dulce_store.search, dulce_store.search_many):
+        with pytest.raises(StoreError, match=unknown):
+            await search("entity", np.ones((1, 3072), np.float32), 3)
+    with pytest.raises(StoreError, match=r"table 'documents' has no vector column \(tables with vectors: community_reports, entities, text_units\)$"):
+        await dulce_store.search("documents", np.ones(3072, np.float32), 3)
 
 
 async def test_unknown_columns_are_a_store_error_naming_table_and_column(dulce_store, ann_db):
