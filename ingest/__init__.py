@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,10 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from drift_lance import schema
+from drift_lance.config import checked_config
 from drift_lance.config.ingest import IngestConfig
 from drift_lance.errors import ConfigError, IngestError
-from drift_lance.models.base import Embedder
+from drift_lance.models.base import Embedder, check_model_argument
 from drift_lance.models.compat import native_dimension, normalise_model_id
 from drift_lance.store import Manifest
 from ingest.embeddings import TableVectors, align, compute, find_reusable
@@ -198,7 +200,7 @@ async def run_ingest(
     src: str | Path,
     db_uri: str | os.PathLike[str],
     *,
-    config: IngestConfig | None = None,
+    config: IngestConfig | Mapping[str, Any] | None = None,
     embedder: Embedder | None = None,
     reembed: bool = False,
     embedding_model: str | None = None,
@@ -211,7 +213,8 @@ async def run_ingest(
     otherwise computed with `embedder` (default: `drift_lance.models.get_embedder()`); `reembed`
     recomputes all of them. Raises IngestError (bad input, or another ingest is writing to this
     local database; nothing written) or StoreError."""
-    config = _checked_config(config or IngestConfig())
+    config = _checked_config(checked_config(config, IngestConfig, "config") or IngestConfig())
+    check_model_argument(embedder, "embedder", "embed", "embedding_model")
     db_uri = str(db_uri)
     if not db_uri.strip():  # LanceDB would take it for the current directory
         raise ConfigError("db_uri: empty; name the LanceDB database (a folder, s3://bucket/path, ...)")

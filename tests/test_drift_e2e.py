@@ -329,11 +329,11 @@ async def test_open_drift_search_takes_settings_as_dicts_and_names_a_wrong_argum
         assert search.store.config.fetch_chunk_size == 3
     wrong = [
         ({"config": {"n_dept": 2}}, r"^config: unknown DRIFTSearchConfig field 'n_dept'; did you mean 'n_depth'\?$"),
-        ({"config": "n_depth=2"}, r"^config: expected a DRIFTSearchConfig \(or a dict of its fields\), got str 'n_depth=2'$"),
+        ({"config": "n_depth=2"}, r"^config: expected DRIFTSearchConfig \(or a dict of its fields\), got str 'n_depth=2'$"),
         ({"store_config": {"index_cache_bytes": "lots"}}, r"^store_config: field 'index_cache_bytes': Input should be a valid integer"),
-        ({"model_settings": ["gpt-4o"]}, r"^model_settings: expected a ModelSettings \(or a dict of its fields\), got list"),
+        ({"model_settings": ["gpt-4o"]}, r"^model_settings: expected ModelSettings \(or a dict of its fields\), got list"),
         ({"chat_model": "gpt-4o"}, r"^chat_model: expected an object with an async complete\(\) method, got str; "
-                                   r"to name a model, pass model_settings=ModelSettings\(chat_model='gpt-4o'\)$"),
+                                   r"to name a model, build it: get_chat_model\(ModelSettings\(chat_model='gpt-4o'\)\)$"),
     ]
     for arguments, message in wrong:
         with pytest.raises(ConfigError, match=message):

@@ -1277,8 +1277,14 @@ def test_cli_ingest_rejects_invalid_values_naming_the_option(flags, expected, du
     [
         ({"config": IngestConfig().model_copy(update={"ann_min_rows": -3})}, "field ingest.ann_min_rows: Input should be greater than or equal to 1"),
         ({"db_uri": ""}, "db_uri: empty"),
+        # these three failed with an AttributeError ('dict' object has no attribute 'model_dump', ...)
+        ({"config": {"keep_replaced_secs": 0}}, "config: unknown IngestConfig field 'keep_replaced_secs'; did you mean 'keep_replaced_seconds'?"),
+        ({"config": "ann_min_rows=10"}, "config: expected IngestConfig (or a dict of its fields), got str"),
+        ({"embedder": "text-embedding-3-small", "reembed": True},
+         "embedder: expected an object with an async embed() method, got str; to name a model, build it: "
+         "get_embedder(ModelSettings(embedding_model='text-embedding-3-small'))"),
     ],
-    ids=["unvalidated config", "empty db_uri"],
+    ids=["unvalidated config", "empty db_uri", "misspelt dict config", "str config", "model name as embedder"],
 )
 def test_library_ingest_rejects_invalid_arguments_naming_them(kwargs, expected, dulce_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -77,7 +77,7 @@ async def test_settings_may_be_a_dict_and_a_wrong_argument_is_named(dulce_store,
     assert result.response == ANSWER and result.context_text == expected.context_text
     with pytest.raises(ConfigError, match=r"^config: unknown LocalSearchConfig field 'top_k_entites'; did you mean 'top_k_entities'\?$"):
         LocalContextBuilder(dulce_store, config={"top_k_entites": 3})
-    with pytest.raises(ConfigError, match=r"^config: expected a LocalSearchConfig \(or a dict of its fields\), got str"):
+    with pytest.raises(ConfigError, match=r"^config: expected LocalSearchConfig \(or a dict of its fields\), got str"):
         LocalSearch(model, LocalContextBuilder(dulce_store), config="top_k_entities=3")
     with pytest.raises(ConfigError, match=r"^store: expected an open store \(`await open_store\("):
         await build_local_context(dulce_db_uri, "Who runs it?", query_vector=query_vector)

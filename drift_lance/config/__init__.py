@@ -48,7 +48,7 @@ def checked_config(value: Any, cls: type[Model], argument: str) -> Model | None:
     if value is None or isinstance(value, cls):
         return value
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{argument}: expected a {cls.__name__} (or a dict of its fields), got {type(value).__name__} {value!r:.80}")
+        raise ConfigError(f"{argument}: expected {cls.__name__} (or a dict of its fields), got {type(value).__name__} {value!r:.80}")
     try:
         return cls(**{str(key): item for key, item in value.items()})
     except ValidationError as exc:

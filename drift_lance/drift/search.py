@@ -34,7 +34,17 @@ from drift_lance.drift.prompts import DriftPrompts, load_prompts
 from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
 from drift_lance.drift.state import QueryState
 from drift_lance.errors import ConfigError, checked_question
-from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, aclose_models, fit_to_window
+from drift_lance.models.base import (
+    ChatModel,
+    ChatParams,
+    Embedder,
+    GeneratorStream,
+    Message,
+    Usage,
+    aclose_models,
+    check_model_argument,
+    fit_to_window,
+)
 from drift_lance.models.limits import calls_ranked_from
 from drift_lance.store import IndexStore, raise_if_generation_gone
 
@@ -483,14 +493,6 @@ def _fit_budgets_to_model(config: DRIFTSearchConfig, chat_model: Any) -> tuple[D
     return config.model_copy(update=lowered), lowered.get("local_search_max_data_tokens")
 
 
-def _check_model_argument(model: object, argument: str, method: str, setting: str) -> None:
-    """A model name where a model object goes (`chat_model="gpt-4o"`) would only fail at the first
-    call, as an AttributeError: say at open how to name a model."""
-    if model is not None and not callable(getattr(model, method, None)):
-        hint = f"; to name a model, pass model_settings=ModelSettings({setting}={model!r})" if isinstance(model, str) else ""
-        raise ConfigError(f"{argument}: expected an object with an async {method}() method, got {type(model).__name__}{hint}")
-
-
 def local_config_for_drift(config: DRIFTSearchConfig, base: Any = None) -> Any:
     """The LocalSearchConfig each follow-up uses: `base` (or defaults) with DRIFT's local_search_*
     fields applied, as graphrag's DRIFT does for its local context builder. graphrag's DRIFT gives
@@ -537,8 +539,8 @@ async def open_drift_search(
     model_settings = checked_config(model_settings, ModelSettings, "model_settings")
     local_config = checked_config(local_config, LocalSearchConfig, "local_config")
     store_config = checked_config(store_config, StoreConfig, "store_config")
-    _check_model_argument(chat_model, "chat_model", "complete", "chat_model")
-    _check_model_argument(embedder, "embedder", "embed", "embedding_model")
+    check_model_argument(chat_model, "chat_model", "complete", "chat_model")
+    check_model_argument(embedder, "embedder", "embed", "embedding_model")
     prompts = load_prompts(config)  # fail on a bad prompt file before touching the store
     store = await open_store(db_uri, config=store_config, storage_options=storage_options)
     built: list[object] = []

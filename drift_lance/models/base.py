@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, Self, runtime_checkable
 import numpy as np
 from pydantic import BaseModel
 
-from drift_lance.errors import DriftLanceError
+from drift_lance.errors import ConfigError, DriftLanceError
 
 Role = Literal["system", "user", "assistant"]
 # What a text is, for embedders that embed queries and documents differently (e5's "query: " /
@@ -115,6 +115,15 @@ class EmptyAnswerError(ModelError):
     def __init__(self, message: str, *, usage: Usage | None = None):
         super().__init__(message)
         self.usage = usage or Usage()
+
+
+def check_model_argument(model: object, argument: str, method: str, setting: str) -> None:
+    """A model name where a model object goes (`chat_model="gpt-4o"`) would only fail at the first
+    call, as an AttributeError: say at once how to name a model."""
+    if model is not None and not callable(getattr(model, method, None)):
+        build = "get_chat_model" if method == "complete" else "get_embedder"
+        hint = f"; to name a model, build it: {build}(ModelSettings({setting}={model!r}))" if isinstance(model, str) else ""
+        raise ConfigError(f"{argument}: expected an object with an async {method}() method, got {type(model).__name__}{hint}")
 
 
 async def aclose_models(*models: object) -> None:
