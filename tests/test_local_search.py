@@ -79,6 +79,8 @@ async def test_settings_may_be_a_dict_and_a_wrong_argument_is_named(dulce_store,
         LocalContextBuilder(dulce_store, config={"top_k_entites": 3})
     with pytest.raises(ConfigError, match=r"^config: expected LocalSearchConfig \(or a dict of its fields\), got str"):
         LocalSearch(model, LocalContextBuilder(dulce_store), config="top_k_entities=3")
+    with pytest.raises(ConfigError, match=r"^model: expected an object with an async complete\(\) method, got str; to name a model, build it"):
+        LocalSearch("gpt-4o", LocalContextBuilder(dulce_store))
     with pytest.raises(ConfigError, match=r"^store: expected an open store \(`await open_store\("):
         await build_local_context(dulce_db_uri, "Who runs it?", query_vector=query_vector)
 

@@ -22,7 +22,16 @@ from drift_lance.config.local import LocalSearchConfig
 from drift_lance.drift.result import SearchResult, to_jsonable
 from drift_lance.errors import ConfigError, checked_question
 from drift_lance.local.context import LocalContext, LocalContextBuilder
-from drift_lance.models.base import ChatModel, ChatParams, Embedder, GeneratorStream, Message, Usage, fit_to_window
+from drift_lance.models.base import (
+    ChatModel,
+    ChatParams,
+    Embedder,
+    GeneratorStream,
+    Message,
+    Usage,
+    check_model_argument,
+    fit_to_window,
+)
 from drift_lance.models.deadline import deltas_within, within
 from drift_lance.store import raise_if_generation_gone
 
@@ -65,6 +74,8 @@ class LocalSearch:
         config: LocalSearchConfig | Mapping[str, Any] | None = None,
         params: ChatParams | None = None,
     ):
+        check_model_argument(model, "model", "complete", "chat_model")
+        check_model_argument(embedder, "embedder", "embed", "embedding_model")
         self.model = model
         self.builder = builder
         self.embedder = embedder
