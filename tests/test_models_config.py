@@ -88,6 +88,17 @@ def test_registry_selects_by_name_and_rejects_unknown(clean_env):
         get_embedder(ModelSettings(embedding_backend="nope"))
 
 
+def test_settings_may_be_a_dict_of_their_fields(clean_env):
+    # As open_drift_search's model_settings: a dict was "'dict' object has no attribute 'resolve'".
+    clean_env.setenv("DRIFT_LANCE_CHAT_MODEL", "from-env")
+    assert get_embedder({"embedding_backend": "hash", "embedding_dimension": 16}).dimension == 16
+    scripted = ScriptedChatModel(["hi"])
+    register_chat_backend("scripted-dict", lambda settings: scripted if settings.chat_model == "from-env" else None)
+    assert get_chat_model({"chat_backend": "scripted-dict"}) is scripted  # the environment fills the rest
+    with pytest.raises(ConfigError, match=r"^settings: unknown ModelSettings field 'chat_backnd'; did you mean 'chat_backend'\?$"):
+        get_chat_model({"chat_backnd": "openai"})
+
+
 # ---------------------------------------------------------------- embedding-space safety
 
 

@@ -10,7 +10,8 @@ Built-in names: chat "openai", "azure", "local"; embedders "openai", "azure", "l
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from drift_lance.config import checked_config
 from drift_lance.config.models import ModelSettings, default_model_settings
@@ -45,9 +46,10 @@ def embedders() -> list[str]:
     return sorted(_embedders)
 
 
-def get_chat_model(settings: ModelSettings | None = None) -> ChatModel:
-    """A chat model for `settings` (default: from the environment), wrapped in the on-disk
-    response cache when `cache_dir` is set."""
+def get_chat_model(settings: ModelSettings | Mapping[str, Any] | None = None) -> ChatModel:
+    """A chat model for `settings` (default: from the environment; a dict of ModelSettings fields
+    also works), wrapped in the on-disk response cache when `cache_dir` is set. Close it with
+    `await model.aclose()` when done (its HTTP sessions)."""
     settings = (checked_config(settings, ModelSettings, "settings") or default_model_settings()).resolve()
     factory = _chat_backends.get(settings.chat_backend)
     if factory is None:
@@ -62,8 +64,9 @@ def get_chat_model(settings: ModelSettings | None = None) -> ChatModel:
     return model
 
 
-def get_embedder(settings: ModelSettings | None = None) -> Embedder:
-    """An embedder for `settings` (default: from the environment)."""
+def get_embedder(settings: ModelSettings | Mapping[str, Any] | None = None) -> Embedder:
+    """An embedder for `settings` (default: from the environment; a dict of ModelSettings fields
+    also works). Close it with `await embedder.aclose()` when done, if it has that method."""
     settings = (checked_config(settings, ModelSettings, "settings") or default_model_settings()).resolve()
     factory = _embedders.get(settings.embedding_backend)
     if factory is None:
