@@ -315,6 +315,7 @@ async def test_open_drift_search_takes_settings_as_dicts_and_names_a_wrong_argum
     (it was an AttributeError from deep inside: "'dict' object has no attribute 'hyde_prompt'")."""
     from pathlib import Path
 
+    from drift_lance import Settings
     from drift_lance.errors import ConfigError
     from drift_lance.testing import HashEmbedder
 
@@ -332,6 +333,7 @@ async def test_open_drift_search_takes_settings_as_dicts_and_names_a_wrong_argum
         ({"config": "n_depth=2"}, r"^config: expected DRIFTSearchConfig \(or a dict of its fields\), got str 'n_depth=2'$"),
         ({"store_config": {"index_cache_bytes": "lots"}}, r"^store_config: field 'index_cache_bytes': Input should be a valid integer"),
         ({"model_settings": ["gpt-4o"]}, r"^model_settings: expected ModelSettings \(or a dict of its fields\), got list"),
+        ({"store_config": Settings.load()}, r"^store_config: expected StoreConfig \(or a dict of its fields\), got Settings .*; pass its \.store$"),
         ({"chat_model": "gpt-4o"}, r"^chat_model: expected an object with an async complete\(\) method, got str; "
                                    r"to name a model, build it: get_chat_model\(ModelSettings\(chat_model='gpt-4o'\)\)$"),
     ]

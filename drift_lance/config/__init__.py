@@ -48,7 +48,10 @@ def checked_config(value: Any, cls: type[Model], argument: str) -> Model | None:
     if value is None or isinstance(value, cls):
         return value
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{argument}: expected {cls.__name__} (or a dict of its fields), got {type(value).__name__} {value!r:.80}")
+        # the whole Settings (Settings.load(...)) where one of its sections goes: name the section
+        section = next((name for name, item in getattr(value, "__dict__", {}).items() if isinstance(item, cls)), None)
+        hint = f"; pass its .{section}" if section else ""
+        raise ConfigError(f"{argument}: expected {cls.__name__} (or a dict of its fields), got {type(value).__name__} {value!r:.80}{hint}")
     try:
         return cls(**{str(key): item for key, item in value.items()})
     except ValidationError as exc:
