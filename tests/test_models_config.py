@@ -29,6 +29,11 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     for var in ("CHAT_BACKEND", "CHAT_MODEL", "EMBEDDING_BACKEND", "EMBEDDING_MODEL", "BASE_URL", "API_KEY"):
         monkeypatch.delenv(f"DRIFT_LANCE_{var}", raising=False)
+    # backends a test registers are gone after it (they showed up in later tests' "choose one of" lists)
+    from drift_lance.models import registry
+
+    monkeypatch.setattr(registry, "_chat_backends", dict(registry._chat_backends))
+    monkeypatch.setattr(registry, "_embedders", dict(registry._embedders))
     return monkeypatch
 
 
