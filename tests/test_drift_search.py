@@ -7,6 +7,7 @@ contexts come from a small stand-in builder so the tests pin DRIFT's loop, not l
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from dataclasses import dataclass
 
@@ -805,6 +806,30 @@ async def test_a_stream_left_early_in_async_with_is_closed_and_a_closed_search_r
     with pytest.raises(ConfigError, match="is closed"):
         async for _ in search.stream_search("q"):
             pass
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["loop-only", "kept-in-a-variable"])
+async def test_a_stream_left_by_break_without_async_with_ends_its_model_call_at_once(store, kept):
+    # The stream and its generator referred to each other, so the abandoned call (and its
+    # concurrency slot) lived until a garbage collection: with max_concurrency=1 the next search
+    # waited 20 s. With the collector off, only the reference drop can close it.
+    chat = ScriptedChatModel(drift_responder())
+    search = make_search(store, chat, drift_k_followups=2, primer_folds=1, n_depth=1)
+    gc.disable()
+    try:
+        stream = search.stream_search("q")
+        async for _ in stream if kept else search.stream_search("q"):
+            break  # the reduce is still streaming
+        for _ in range(50):
+            if chat.in_flight == 0:
+                break
+            await asyncio.sleep(0)
+        assert chat.in_flight == 0
+        if kept:  # a stream left early stays ended: iterating it again starts no second search
+            calls = len(chat.calls)
+            assert [delta async for delta in stream] == [] and len(chat.calls) == calls
+    finally:
+        gc.enable()
 
 
 def test_async_with_a_stream_types_it_as_the_stream_itself():

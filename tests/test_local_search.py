@@ -4,6 +4,9 @@ real ingested dulce index."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+
 import numpy as np
 import pytest
 
@@ -45,6 +48,22 @@ async def test_stream_search_yields_the_answer_in_deltas(dulce_store, query_vect
     deltas = [d async for d in search.stream_search("Who runs it?", query_vector=query_vector)]
     assert len(deltas) > 1 and "".join(deltas) == ANSWER
     assert model.calls[0].kind == "stream"
+
+
+async def test_a_stream_left_by_break_ends_its_model_call_without_waiting_for_a_collection(dulce_store, query_vector):
+    model = ScriptedChatModel([ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store))
+    gc.disable()  # only dropping the loop's iterator may close it
+    try:
+        async for _ in search.stream_search("Who runs it?", query_vector=query_vector):
+            break
+        for _ in range(50):
+            if model.in_flight == 0:
+                break
+            await asyncio.sleep(0)
+        assert model.in_flight == 0
+    finally:
+        gc.enable()
 
 
 async def test_an_empty_question_is_refused_before_any_model_call(dulce_store, query_vector):

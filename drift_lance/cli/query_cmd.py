@@ -181,13 +181,10 @@ async def _run_search(search: Any, args: argparse.Namespace, callbacks: list[Dri
         if not args.json:
             print(_answer_text(result.response))
         return result
-    stream = search.stream_search(args.query, **kwargs)
-    try:
+    async with search.stream_search(args.query, **kwargs) as stream:
         async for delta in stream:
             sys.stdout.write(delta)
             sys.stdout.flush()
-    finally:
-        await stream.aclose()
     sys.stdout.write("\n")
     assert stream.result is not None
     return stream.result

@@ -427,6 +427,8 @@ class DRIFTSearch:
 class DriftStream(GeneratorStream):
     """Reduce deltas of one DRIFT query; `result` is set once the stream has been exhausted."""
 
+    _closed_when_dropped = True  # left by `break` without `async with`: its model call ends at once
+
     def __init__(self, search: DRIFTSearch, query: str, callbacks: DriftCallbacks | Sequence[DriftCallbacks]):
         super().__init__()
         self._search = search
@@ -467,10 +469,6 @@ class DriftStream(GeneratorStream):
     async def text(self) -> str:
         """Consume the whole stream and return the answer."""
         return "".join([delta async for delta in self])
-
-    async def aclose(self) -> None:
-        if self._gen is not None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
 
 
 def _usage_from_counts(counts: dict[str, int]) -> Usage:

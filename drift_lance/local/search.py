@@ -162,6 +162,8 @@ class LocalSearch:
 class LocalStream(GeneratorStream):
     """Text deltas of one local search; `result` (a SearchResult) is set once it is exhausted."""
 
+    _closed_when_dropped = True  # left by `break` without `async with`: its model call ends at once
+
     def __init__(self, search: LocalSearch, query: str, *, query_vector: Any, conversation_history: Any,
                  response_type: str | None, overrides: dict[str, Any], config: LocalSearchConfig):
         super().__init__()
@@ -191,10 +193,6 @@ class LocalStream(GeneratorStream):
     async def text(self) -> str:
         """Consume the whole stream and return the answer."""
         return "".join([delta async for delta in self])
-
-    async def aclose(self) -> None:
-        if self._gen is not None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
 
 
 def _result(text: str, context: LocalContext, usage: Usage, started: float) -> SearchResult:

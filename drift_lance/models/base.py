@@ -7,9 +7,10 @@ interchangeable and selected by name from config.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Self, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel
@@ -157,30 +158,59 @@ class GeneratorStream:
     """A ChatStream driven by one async generator, `_run()`, that yields the deltas and sets
     `usage` when done. Started on first iteration; `aclose()` closes it (its `finally` blocks run)."""
 
+    # A search's stream (the caller's, not a model's) holds its generator weakly outside `async with`.
+    # The generator's frame refers to the stream, so holding it strongly made a cycle: a stream left
+    # by `break` kept its model call and concurrency slot until a garbage collection ran (20 s for
+    # the next search with max_concurrency=1). Held weakly, the loop dropping it closes it at once
+    # (asyncio's async-generator finaliser). Model streams stay held: the engine closes each one in
+    # a `finally` and relies on that close having finished.
+    _closed_when_dropped: ClassVar[bool] = False
+
     def __init__(self) -> None:
         self.usage = Usage()
-        self._gen: AsyncIterator[str] | None = None
+        self._gen: AsyncIterator[str] | None = None  # held (a model stream, or inside `async with`)
+        self._gen_ref: weakref.ref[AsyncIterator[str]] | None = None
+        self._held = not self._closed_when_dropped
 
     def _run(self) -> AsyncIterator[str]:
         raise NotImplementedError
 
     def __aiter__(self) -> AsyncIterator[str]:
-        if self._gen is None:
-            self._gen = self._run()
-        return self._gen
+        gen = self._generator()
+        if gen is None:
+            if self._gen_ref is not None:  # ran, then dropped and closed: a stream is read once
+                return _no_deltas()
+            gen = self._run()
+            self._gen_ref = weakref.ref(gen)
+            if self._held:
+                self._gen = gen
+        return gen
+
+    def _generator(self) -> AsyncIterator[str] | None:
+        if self._gen is not None:
+            return self._gen
+        return self._gen_ref() if self._gen_ref is not None else None
 
     async def aclose(self) -> None:
-        if self._gen is not None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
+        gen = self._generator()
+        if gen is not None:
+            await gen.aclose()  # type: ignore[attr-defined]
 
-    # `async with search.stream_search(q) as stream:` closes it however the loop is left (an
-    # abandoned stream holds its model call, and a concurrency slot, until it is collected).
-    # Self: a type checker then knows `stream` as the subclass, with its `result` and `text()`.
+    # `async with search.stream_search(q) as stream:` closes it however the loop is left, before
+    # the block's end returns. Self: a type checker then knows `stream` as the subclass, with its
+    # `result` and `text()`.
     async def __aenter__(self) -> Self:
+        self._held = True
+        self._gen = self._generator()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def _no_deltas() -> AsyncIterator[str]:
+    return
+    yield  # an async generator that yields nothing
 
 
 # Share of a model's free window a context may fill: budgets count o200k tokens, the model counts

@@ -211,12 +211,9 @@ class EngineBackend:
         )
         if on_event is None:
             return await search.search(query)
-        stream = search.stream_search(query, callbacks=[_EventCallbacks(on_event)])
-        try:
+        async with search.stream_search(query, callbacks=[_EventCallbacks(on_event)]) as stream:
             async for _ in stream:
                 pass  # tokens reach the client through on_token
-        finally:
-            await stream.aclose()
         assert stream.result is not None
         return stream.result
 
@@ -233,12 +230,9 @@ class EngineBackend:
 
 async def _stream_local(search: Any, query: str, on_event: EventSink) -> SearchResult:
     """A streamed local search: token events, then the stream's SearchResult."""
-    stream = search.stream_search(query)
-    try:
+    async with search.stream_search(query) as stream:
         async for delta in stream:
             on_event(search_event(TokenEvent(text=delta)))
-    finally:
-        await stream.aclose()
     assert stream.result is not None
     return stream.result
 
