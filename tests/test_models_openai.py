@@ -722,3 +722,89 @@ async def test_an_error_body_cannot_write_lines_or_escapes_into_the_log(openai_s
     for text in [str(info.value), *logged]:
         assert "overloaded 2026-12-07 10:00:00,000 ERROR" in text
         assert "\n" not in text and "\x1b" not in text
+
+
+# ---------------------------------------------------------------- response size bound
+
+_CAP = 64 * 1024  # max_response_bytes in these tests
+
+
+def _endless(first: bytes, piece: bytes):
+    """A body that never ends (the server writes until the client hangs up)."""
+    yield first
+    while True:
+        yield piece
+
+
+def _sse(content: str) -> bytes:
+    chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+@pytest.mark.parametrize("http_client", ["aiohttp", "httpx"])
+async def test_a_response_past_max_response_bytes_fails_its_call_at_once(openai_server, openai_settings, http_client):
+    """A server generating without end (or answering gigabytes) held the call until request_timeout,
+    retried it, and read the whole body into memory: a 200 MB answer took the process from 215 to
+    848 MB RSS and held the event loop 0.7 s. Now the call fails, unretried, once the body passes
+    max_response_bytes, and the connection is dropped."""
+    settings = openai_settings.model_copy(update={"max_response_bytes": _CAP, "http_client": http_client})
+    chat, embedder = _chat(settings), get_embedder(settings)
+    opening = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"'
+    openai_server.queue_chat(Reply(body_chunks=_endless(opening, b"all work and no play " * 100)))
+    with pytest.raises(ModelRequestError, match=r"response too large: more than 65,536 bytes \(max_response_bytes\); a "
+                       "model that does not stop generating") as info:
+        await chat.complete(USER)
+    assert info.value.failure == "too_large" and info.value.attempts == 1
+    await _eventually(lambda: openai_server.disconnects == 1)
+
+    openai_server.queue_chat(Reply(text="x" * (_CAP + 1)))  # a declared length past the bound is not read at all
+    with pytest.raises(ModelRequestError, match=r"more than 65,536 bytes \(65,[0-9]{3} declared\)"):
+        await chat.complete(USER)
+    openai_server.queue_chat(Reply(status=500, body_chunks=_endless(b"<html>", b"error " * 1000)))  # an error page too
+    with pytest.raises(ModelRequestError, match="response too large") as info:
+        await chat.complete(USER)
+    assert info.value.attempts == 1
+    openai_server.queue_embeddings(Reply(body_chunks=_endless(b'{"data":[{"index":0,"embedding":[', b"0.5, " * 1000)))
+    with pytest.raises(ModelRequestError, match="embedding model 'test-embed' .* response too large.* raise "
+                       "max_response_bytes or lower embedding_batch_size"):
+        await embedder.embed(["x"])
+
+    answer = "y" * (_CAP - 1000)  # within the bound: answered as before
+    openai_server.queue_chat(Reply(text=answer))
+    assert (await chat.complete(USER)).text == answer
+    assert (await embedder.embed(["x"])).shape == (1, openai_server.embedding_dim)
+
+
+async def test_a_compressed_body_is_bounded_as_it_unpacks(openai_server, openai_settings):
+    """A small gzip body can unpack to gigabytes: the bound counts what it unpacks to."""
+    import gzip
+
+    body = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"' + b"0" * (4 * _CAP) + b'"}}]}'
+    packed = gzip.compress(body)
+    assert len(packed) < _CAP
+    openai_server.queue_chat(Reply(body=packed, headers={"content-encoding": "gzip"}))
+    with pytest.raises(ModelRequestError, match="more than 65,536 bytes unpacked") as info:
+        await _chat(openai_settings, max_response_bytes=_CAP).complete(USER)
+    assert info.value.failure == "too_large"
+
+
+async def test_an_endless_stream_fails_at_the_bound_instead_of_running_forever(openai_server, openai_settings):
+    """An event stream that never ends streamed tokens for as long as the caller waited (the CLI:
+    forever), and its text filled memory. Its text is bounded by max_response_bytes, its bytes on the
+    wire (a JSON chunk per token) by 8 times that."""
+    chat = _chat(openai_settings, max_response_bytes=_CAP)
+    sse = {"content-type": "text/event-stream"}
+    openai_server.queue_chat(Reply(body_chunks=_endless(b"", _sse("word ") * 50), headers=sse))
+    with pytest.raises(ModelRequestError, match=r"stream failed: response too large: more than 524,288 bytes of event "
+                       r"stream \(8 x the answer's bound\)") as info:
+        _ = [d async for d in chat.stream(USER)]
+    assert info.value.failure == "too_large"
+    openai_server.queue_chat(Reply(body_chunks=_endless(b"", _sse("long paragraph " * 500)), headers=sse))
+    received = []
+    with pytest.raises(ModelRequestError, match=r"more than 65,536 characters of answer"):
+        async for delta in chat.stream(USER):
+            received.append(delta)
+    assert len("".join(received)) <= _CAP
+    await _eventually(lambda: openai_server.disconnects == 2)
+    assert chat.limiter.in_use == 0

@@ -351,7 +351,8 @@ def test_model_request_failures_do_not_show_the_endpoint_or_its_error_body(servi
 
 
 @pytest.mark.parametrize(("failure", "said"), [("timeout", "timed out"), ("connection", "connection failed"),
-                                                ("malformed", "malformed response"), ("other", "no response")])
+                                                ("malformed", "malformed response"), ("too_large", "response too large"),
+                                                ("other", "no response")])
 def test_a_model_failure_without_a_status_is_told_by_its_kind_not_its_text(service_settings, live_server, failure, said):
     """The client learns what kind of failure it was from the error's `failure`, whatever its
     message says (here a message that would read as another kind)."""
@@ -364,6 +365,30 @@ def test_a_model_failure_without_a_status_is_told_by_its_kind_not_its_text(servi
         failed = client.post("/v1/search", json={"query": "q", "method": "local"})
     assert failed.status_code == 502
     assert _error(failed)["message"] == f"the model request failed ({said}); details are in the server log"
+
+
+def test_an_endless_model_answer_fails_its_search_and_the_service_goes_on(service_settings, live_server, openai_server,
+                                                                         openai_settings):
+    """A model server that never stops answering grew the service by every byte it sent, until the
+    search timeout. The search now fails at max_response_bytes (502, "response too large"), and the
+    next search is answered."""
+    from drift_lance.models import get_chat_model
+    from drift_lance.testing import Reply
+
+    def endless():
+        yield b'{"choices":[{"index":0,"message":{"role":"assistant","content":"'
+        while True:
+            yield b"and so on " * 1000
+
+    openai_server.queue_chat(Reply(body_chunks=endless()), Reply(text="Alex Mercer leads the team."))
+    chat = get_chat_model(openai_settings.model_copy(update={"max_response_bytes": 64 * 1024}))
+    srv = start(live_server, service_settings, chat)
+    with srv.client() as client:
+        failed = client.post("/v1/search", json={"query": "Who leads?", "method": "local"})
+        answered = client.post("/v1/search", json={"query": "Who leads?", "method": "local"})
+    assert failed.status_code == 502 and _error(failed)["code"] == "model_error"
+    assert _error(failed)["message"] == "the model request failed (response too large); details are in the server log"
+    assert answered.status_code == 200 and answered.json()["response"] == "Alex Mercer leads the team."
 
 
 def test_a_request_the_http_parser_refuses_gets_the_json_error_shape(service_settings, live_server):

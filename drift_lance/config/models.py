@@ -73,6 +73,10 @@ class ModelSettings(BaseSettings):
     retry_base_wait: float = Field(1.0, ge=0, description="first backoff step in seconds (exponential, jittered)")
     retry_max_wait: float = Field(60.0, ge=0, description="cap on one backoff wait, and on an honoured Retry-After")
     max_concurrency: int = Field(25, ge=1, description="in-flight requests per (endpoint, model), process-wide")
+    max_response_bytes: int = Field(
+        16 * 2**20, ge=1024, description="largest response body one model call may read (a chat answer, an embeddings "
+        "batch, an error page; a streamed answer's text, its event stream 8x that): past it the call fails, not retried"
+    )
     http_client: Literal["auto", "aiohttp", "httpx"] = Field(
         "auto", description='"auto": aiohttp (less CPU per request) unless HTTP(S)_PROXY/ALL_PROXY is set, then httpx'
     )

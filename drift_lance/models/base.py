@@ -82,7 +82,7 @@ class ModelError(DriftLanceError, RuntimeError):
     A DriftLanceError, so `except DriftLanceError` also catches a model endpoint that is down."""
 
 
-RequestFailure = Literal["status", "timeout", "connection", "malformed", "other"]
+RequestFailure = Literal["status", "timeout", "connection", "malformed", "too_large", "other"]
 
 
 class ModelRequestError(ModelError):

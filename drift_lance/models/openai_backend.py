@@ -214,6 +214,8 @@ def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, Requ
         return f"request timed out after {timeout:g}s", None, "timeout"
     if isinstance(exc, (_WebPageResponse, _NestedTooDeep, _UnreadableResponse)):
         return str(exc), None, "malformed"
+    if isinstance(exc, _ResponseTooLarge):
+        return str(exc), None, "too_large"
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
         return f"malformed response body: {exc}", None, "malformed"
     if isinstance(exc, openai.APIStatusError):
@@ -271,8 +273,46 @@ def _unreadable(exc: Exception) -> bool:
     return type(exc).__module__.startswith("aiohttp.") and not isinstance(exc, (openai.APIError, TimeoutError))
 
 
-def _is_web_page(response: httpx2.Response) -> bool:
-    return "html" in response.headers.get("content-type", "") or response.content.lstrip()[:1] == b"<"
+# An event stream frames every token in a JSON chunk (~200 bytes at OpenAI, ~600 with Azure's filter
+# results), so its bytes on the wire may be this many times max_response_bytes; its text may not.
+_STREAM_FRAMING = 8
+
+
+class _ResponseTooLarge(openai.OpenAIError):
+    """A response past `max_response_bytes`: a server generating without end, or a hostile one. Raised
+    while the body arrives (an OpenAIError, so the SDK passes it on as it is); not retried."""
+
+    def __init__(self, limit: int, what: str = "bytes"):
+        super().__init__(f"response too large: more than {limit:,} {what} (max_response_bytes)")
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    """A response's raw bytes, failing once more than `limit` have arrived: every body the SDK reads
+    (answers, error pages, event streams) is read through one."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, what: str):
+        self._inner = inner
+        self._limit = limit
+        self._what = what
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._limit:
+                raise _ResponseTooLarge(self._limit, self._what)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _is_event_stream(response: httpx2.Response) -> bool:
+    return response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+def _is_web_page(response: httpx2.Response, content: bytes) -> bool:
+    return "html" in response.headers.get("content-type", "") or content.lstrip()[:1] == b"<"
 
 
 def _error_message(exc: openai.APIStatusError) -> str:
@@ -316,6 +356,7 @@ class _Endpoint:
         api_key = (settings.embedding_api_key or settings.api_key) if embeddings else settings.api_key
         self._api_key = api_key.get_secret_value() if api_key else None
         self.endpoint = (settings.azure_endpoint if self.azure else base_url) or OPENAI_DEFAULT_ENDPOINT
+        self.embeddings = embeddings
         self._check_configured(model, embeddings)
         self.limiter: ConcurrencyLimiter = shared_limiter(self.endpoint, model, settings.max_concurrency)
         # httpx connection pools belong to the loop that opened them: one client per loop.
@@ -373,23 +414,52 @@ class _Endpoint:
         would silently ignore them). Both with the SDK's defaults and one shared TLS context."""
         choice = self.settings.http_client
         timeout = self.settings.request_timeout
+        hooks = {"response": [self._cap_response]}
         if choice == "httpx" or (choice == "auto" and _proxy_in_environment()):
-            return openai.DefaultAsyncHttpxClient(timeout=timeout, verify=_tls_context())
-        return openai.DefaultAioHttpClient(timeout=timeout, verify=_tls_context())
+            return openai.DefaultAsyncHttpxClient(timeout=timeout, verify=_tls_context(), event_hooks=hooks)
+        return openai.DefaultAioHttpClient(timeout=timeout, verify=_tls_context(), event_hooks=hooks)
+
+    async def _cap_response(self, response: httpx2.Response) -> None:
+        """Bound the bytes of every response (read by the SDK or by us) before its body is read: an
+        endless or multi-GB body, answer or error page, fails the call instead of filling memory."""
+        streamed = _is_event_stream(response)
+        limit = self.settings.max_response_bytes * (_STREAM_FRAMING if streamed else 1)
+        what = f"bytes of event stream ({_STREAM_FRAMING} x the answer's bound)" if streamed else "bytes"
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _ResponseTooLarge(limit, f"{what} ({int(declared):,} declared)")
+        response.stream = _CappedStream(response.stream, limit, what)
 
     async def post_json(self, client: openai.AsyncOpenAI, path: str, body: dict[str, Any]) -> Any:
         """POST `body` to `path` through the SDK (base URL, auth, Azure deployment routing, status
         errors) and return the decoded JSON response."""
-        response = await client.post(path, body=body, cast_to=httpx2.Response)
+        response = await client.post(path, body=body, cast_to=httpx2.Response, stream=True)
         try:
-            return json.loads(response.content)
+            content = await self._read_body(response)
+        finally:
+            await response.aclose()
+        try:
+            return json.loads(content)
         except json.JSONDecodeError:
-            if _is_web_page(response):
-                raise _WebPageResponse(self.endpoint, response.text) from None
+            if _is_web_page(response, content):
+                raise _WebPageResponse(self.endpoint, content.decode("utf-8", "replace")) from None
             raise
         except RecursionError:  # escaped the model's error handling: the search failed as a bug (500)
-            raise _NestedTooDeep(f"malformed response body: JSON nested too deeply to decode ({len(response.content)} "
+            raise _NestedTooDeep(f"malformed response body: JSON nested too deeply to decode ({len(content)} "
                                  "bytes)") from None
+
+    async def _read_body(self, response: httpx2.Response) -> bytes:
+        """The body as decoded (unzipped), bounded as it unpacks: the raw bytes' cap alone would let a
+        small compressed body expand without limit."""
+        limit = self.settings.max_response_bytes
+        parts: list[bytes] = []
+        size = 0
+        async for part in response.aiter_bytes():
+            size += len(part)
+            if size > limit:
+                raise _ResponseTooLarge(limit, "bytes unpacked")
+            parts.append(part)
+        return b"".join(parts)
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
@@ -426,22 +496,26 @@ class _Endpoint:
                                     raise _UnreadableResponse(exc) from exc
                                 raise
         except (openai.APIError, TimeoutError, json.JSONDecodeError, _WebPageResponse, _NestedTooDeep,
-                _UnreadableResponse) as exc:
+                _UnreadableResponse, _ResponseTooLarge) as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
             reason, status, failure = _describe(exc, s.request_timeout)
             tries = f" after {attempts} attempts" if attempts > 1 else ""
             cut = "" if past_deadline.wait is None else (
                 f" (not retried: waiting {past_deadline.wait:.1f} s would outlast llm_timeout)")
             raise ModelRequestError(
-                f"{what} {self.model!r} at {self.endpoint} failed{tries}: {reason}{self._hint(status)}{cut}",
+                f"{what} {self.model!r} at {self.endpoint} failed{tries}: {reason}{self._hint(status, failure)}{cut}",
                 status=status, failure=failure,
                 attempts=attempts,
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    def _hint(self, status: int | None) -> str:
-        """What to check when a server has no such route: the usual cause is a base URL without
-        /v1 (vLLM, Ollama and llama.cpp's server serve the OpenAI API under /v1)."""
+    def _hint(self, status: int | None, failure: RequestFailure) -> str:
+        """What to check when a server has no such route (the usual cause is a base URL without /v1:
+        vLLM, Ollama and llama.cpp's server serve the OpenAI API under /v1), or answers too much."""
+        if failure == "too_large":
+            if self.embeddings:  # ~20 bytes a float in a JSON list: 16 MiB holds ~270 3072-d vectors
+                return "; for batches this large raise max_response_bytes or lower embedding_batch_size"
+            return "; a model that does not stop generating?"
         if status != 404 or self.azure or "/v1" in httpx2.URL(self.endpoint).path:
             return ""
         return f"; is /v1 missing from the base URL (OPENAI_BASE_URL / base_url)? try {self.endpoint}/v1"
@@ -784,11 +858,16 @@ class OpenAIChatStream(GeneratorStream):
         parts: list[str] = []
         reported: Usage | None = None
         finish_reason = refusal = None
+        limit, size = model.settings.max_response_bytes, 0
+        chunks = 0
         # The slot is held for the whole stream: the server is busy until the last chunk.
         async with model.limiter.slot():
             sdk_stream = await self._open()
             try:
                 async for chunk in sdk_stream:
+                    chunks += 1
+                    if not chunks % 64:  # a server sending faster than we parse never lets the read wait:
+                        await asyncio.sleep(0)  # give the loop a turn (an endless stream held it ~1 s at a time)
                     if getattr(chunk, "usage", None) is not None:
                         reported = _usage_from(chunk.usage)
                     for choice in chunk.choices or ():
@@ -798,12 +877,16 @@ class OpenAIChatStream(GeneratorStream):
                         delta = choice.delta.content if choice.delta else None
                         if delta:
                             delta = well_formed(delta)
+                            size += len(delta)
+                            if size > limit:  # a model that does not stop: the answer, not just memory, is at stake
+                                raise _ResponseTooLarge(limit, "characters of answer")
                             parts.append(delta)
                             yield delta
-            except openai.APIError as exc:
+            except (openai.APIError, _ResponseTooLarge) as exc:
                 reason, status, failure = _describe(exc, model.settings.request_timeout)
                 raise ModelRequestError(
-                    f"chat model {model.model_id!r} stream failed: {reason}", status=status, failure=failure
+                    f"chat model {model.model_id!r} stream failed: {reason}{model._endpoint._hint(status, failure)}",
+                    status=status, failure=failure
                 ) from exc
             except json.JSONDecodeError as exc:  # a chunk whose data is not JSON
                 raise ModelRequestError(f"chat model {model.model_id!r} stream failed: malformed response body: {exc}",

@@ -579,7 +579,8 @@ def _map_search_error(exc: BaseException) -> ApiError:
     return ApiError(500, "internal", f"search failed: {type(exc).__name__}")
 
 
-_FAILURE_WORDS = {"timeout": "timed out", "connection": "connection failed", "malformed": "malformed response"}
+_FAILURE_WORDS = {"timeout": "timed out", "connection": "connection failed", "malformed": "malformed response",
+                  "too_large": "response too large"}
 
 
 def _is_store_io_failure(exc: BaseException) -> bool:

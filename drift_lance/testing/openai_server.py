@@ -14,7 +14,9 @@ request takes the next scripted `Reply` (or asks `on_chat`, or answers `default_
 
 Replies: text / json (the assistant message), status + headers + body (raw HTTP, e.g. malformed
 bodies), delay (seconds before answering), hang (never answer; the client must time out),
-chunk_delay (between stream chunks), usage (include token usage). Streaming requests get the
+chunk_delay (between stream chunks), usage (include token usage), body_chunks (a raw body sent
+piece by piece with chunked transfer encoding, chunk_delay apart: an endless generator makes a body
+or event stream that never ends, one byte a second a slow drip). Streaming requests get the
 text split into word deltas, then a usage chunk when stream_options.include_usage was sent.
 Embeddings are deterministic per text (feature hashing) with `embedding_dim` dimensions, as float
 lists or, when the request asks for encoding_format=base64, little-endian float32 in base64 like
@@ -34,7 +36,7 @@ import threading
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +62,7 @@ class Reply:
     chunk_delay: float = 0.0
     usage: bool = True
     finish_reason: str = "stop"
+    body_chunks: Iterable[bytes] | None = None  # raw body, chunked; content-type from headers (default JSON)
 
     @classmethod
     def rate_limited(cls, retry_after: float | None = 1.0, *, header: str = "retry-after") -> Reply:
@@ -333,6 +336,8 @@ class FakeOpenAIServer:
             await self._wait(reader, writer, None)
         if reply.delay:
             await self._wait(reader, writer, reply.delay)
+        if reply.body_chunks is not None:
+            return await self._send_chunks(request, reader, writer, reply)
         if reply.body is not None or reply.status != 200:
             body = reply.body if reply.body is not None else _error_body("error", "server_error")
             return await self._send_raw(request, writer, reply.status, body, reply.headers)
@@ -439,6 +444,20 @@ class FakeOpenAIServer:
                 await self._wait(reader, writer, reply.chunk_delay)
             await self._write_chunk(writer, f"data: {json.dumps(event)}\n\n".encode())
         await self._write_chunk(writer, b"data: [DONE]\n\n")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def _send_chunks(self, request, reader, writer, reply: Reply) -> None:
+        headers = {"content-type": "application/json", **{k.lower(): v for k, v in reply.headers.items()}}
+        head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Status')}", "Transfer-Encoding: chunked",
+                *(f"{k}: {v}" for k, v in headers.items())]
+        request.status = reply.status
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+        for piece in reply.body_chunks or ():
+            if reply.chunk_delay:
+                await self._wait(reader, writer, reply.chunk_delay)
+            if piece:
+                await self._write_chunk(writer, piece)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 
