@@ -655,6 +655,34 @@ async def test_embedding_errors_are_retried(openai_server, openai_settings):
     assert [r.status for r in openai_server.embedding_requests] == [429, 200]
 
 
+@pytest.mark.parametrize(("data", "error"), [
+    ('[{"index":0,"embedding":[1,NaN,0,0]},{"index":1,"embedding":[1,0,0,0]}]', r"NaN or infinite values \(input 0"),
+    ('[{"index":0,"embedding":[1,0,0,0]},{"index":1,"embedding":[1,-Infinity,0,0]}]', r"NaN or infinite values \(input 1"),
+    ('[{"index":0,"embedding":[1e39,0,0,0]},{"index":1,"embedding":[1,0,0,0]}]', "NaN or infinite"),  # past float32
+    ('[{"index":0,"embedding":[1,0,0,0]},{"index":0,"embedding":[0,1,0,0]}]', r"for inputs \[0, 0\], expected 0 to 1"),
+    ('[{"index":3,"embedding":[1,0,0,0]},{"index":4,"embedding":[0,1,0,0]}]', r"for inputs \[3, 4\]"),
+    ('[{"index":0,"embedding":[[1,0],[0,0]]},{"index":1,"embedding":[[1,0],[0,0]]}]', "not a list of numbers"),
+    ('[{"index":0,"embedding":[]},{"index":1,"embedding":[]}]', "empty"),
+])
+async def test_an_embeddings_answer_that_is_not_one_finite_vector_per_input_fails_naming_the_model(
+        openai_server, openai_settings, data, error):
+    """NaN or infinite values, a repeated index (the second input got the first one's vector, silently),
+    nested or empty vectors came back as vectors; they fail the call, naming the model."""
+    openai_server.queue_embeddings(Reply(body='{"data":' + data + "}"))
+    with pytest.raises(ModelError, match=f"embedding model 'test-embed' returned .*{error}"):
+        await get_embedder(openai_settings).embed(["a", "b"])
+
+
+async def test_batches_of_different_dimensions_fail_naming_the_model(openai_server, openai_settings):
+    """numpy's ValueError ("all the input array dimensions ... must match") named no model and was no
+    ModelError, which callers catch."""
+    openai_server.queue_embeddings(Reply(body={"data": [{"index": 0, "embedding": [1.0, 0.0]}]}),
+                                   Reply(body={"data": [{"index": 0, "embedding": [1.0, 0.0, 0.0]}]}))
+    embedder = get_embedder(openai_settings.model_copy(update={"embedding_batch_size": 1, "max_concurrency": 1}))
+    with pytest.raises(ModelError, match=r"embedding model 'test-embed' at .* returned vectors of \[2, 3\] dimensions"):
+        await embedder.embed(["a", "b"])
+
+
 async def test_azure_backend_uses_deployment_route_and_api_key_header(openai_server, monkeypatch):
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     settings = ModelSettings(

@@ -937,7 +937,11 @@ class OpenAIEmbedder:
                 tasks = [group.create_task(self._embed_batch(batch)) for batch in batches]
         except BaseExceptionGroup as failed:  # callers catch ModelError, not a group of them
             raise first_cause(failed) from None
-        matrix = np.concatenate([t.result() for t in tasks], axis=0)
+        parts = [t.result() for t in tasks]
+        if len({part.shape[1] for part in parts}) > 1:  # np.concatenate's ValueError would name no model
+            raise ModelError(f"embedding model {self.model_id!r} at {self._endpoint.endpoint} returned vectors of "
+                             f"{sorted({part.shape[1] for part in parts})} dimensions in different batches")
+        matrix = np.concatenate(parts, axis=0)
         if self.dimension and matrix.shape[1] != self.dimension:
             raise ModelError(
                 f"embedding model {self.model_id!r} at {self._endpoint.endpoint} returned "
@@ -972,21 +976,36 @@ class OpenAIEmbedder:
 
 
 def _embedding_matrix(body: Any, expected: int, model_id: str) -> np.ndarray:
-    """The vectors of an embeddings response body (base64 float32 or float lists), in input order."""
+    """The vectors of an embeddings response body (base64 float32 or float lists), in input order:
+    one finite, non-empty vector per input, all of one length. Otherwise an input got another's
+    vector (a repeated index), or the store or ingest refused a NaN vector naming a table, not the model."""
     try:
-        rows = sorted(body["data"], key=lambda d: d["index"])
-        vectors = [
-            np.frombuffer(base64.b64decode(r["embedding"]), dtype="<f4") if isinstance(r["embedding"], str)
-            else np.asarray(r["embedding"], dtype=np.float32)
-            for r in rows
-        ]
+        data = body["data"]
+        if isinstance(data, list) and len(data) != expected:  # before decoding 350,000 of them (0.5 s)
+            raise ModelError(f"embedding model {model_id!r} returned {len(data)} vectors for {expected} inputs")
+        rows = sorted(data, key=lambda d: d["index"])
+        with np.errstate(over="ignore"):  # a float past float32's range becomes inf, refused below
+            vectors = [
+                np.frombuffer(base64.b64decode(r["embedding"]), dtype="<f4") if isinstance(r["embedding"], str)
+                else np.asarray(r["embedding"], dtype=np.float32)
+                for r in rows
+            ]
+        indices = [r["index"] for r in rows]
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"embedding model {model_id!r} returned an unreadable response: {exc}") from exc
-    if len(vectors) != expected:
-        raise ModelError(f"embedding model {model_id!r} returned {len(vectors)} vectors for {expected} inputs")
+    if indices != list(range(expected)):  # a repeated or missing index would give an input another's vector
+        raise ModelError(f"embedding model {model_id!r} returned vectors for inputs {indices[:10]}, expected 0 to "
+                         f"{expected - 1} once each")
+    if any(v.ndim != 1 or not v.size for v in vectors):
+        raise ModelError(f"embedding model {model_id!r} returned a vector that is empty or not a list of numbers")
     if len({len(v) for v in vectors}) > 1:
         raise ModelError(f"embedding model {model_id!r} returned vectors of different lengths")
-    return np.stack(vectors).astype(np.float32, copy=False) if vectors else np.zeros((0, 0), dtype=np.float32)
+    matrix = np.stack(vectors).astype(np.float32, copy=False) if vectors else np.zeros((0, 0), dtype=np.float32)
+    if not np.isfinite(matrix).all():
+        row = int(np.flatnonzero(~np.isfinite(matrix).all(axis=1))[0])
+        raise ModelError(f"embedding model {model_id!r} returned a vector with NaN or infinite values (input {row} "
+                         "of a request)")
+    return matrix
 
 
 def _l2_normalise(matrix: np.ndarray) -> np.ndarray:
