@@ -239,6 +239,23 @@ async def test_duplicate_follow_ups_run_once(store):
     assert sorted(e["source"] for e in result.state["edges"] if e["target"] == shared_id) == [1, 2]
 
 
+async def test_an_answer_listing_thousands_of_follow_ups_adds_only_drift_k_followups_of_them(store):
+    """Every follow-up question a model listed joined the graph: at 10^5 per answer (JSON well within
+    the response bound) two epochs made 10^6 nodes, 3 GB and held the event loop 25 s. The prompts
+    ask for up to (primer: at least) drift_k_followups; the first that many of each answer are kept."""
+    chat = ScriptedChatModel(drift_responder(children=5000))
+    search = make_search(store, chat, drift_k_followups=3, primer_folds=2, n_depth=2)
+    result = await search.search("Who leads the Dulce base?")
+    nodes, edges = result.state["nodes"], result.state["edges"]
+    assert len(nodes) == 1 + 2 * 3 + 3 * 3 + 3 * 3  # root, 3 per primer fold, 3 per action of two epochs
+    assert sorted(n["query"] for n in nodes[1:7]) == ["P0-0", "P0-1", "P0-2", "P1-0", "P1-1", "P1-2"]
+    answered = [n for n in nodes if n["answer"] and n["id"] != 0]
+    assert len(answered) == 6
+    for node in answered:
+        children = sorted(nodes[e["target"]]["query"] for e in edges if e["source"] == node["id"])
+        assert children == [f"{node['query']}/{i}" for i in range(3)]
+
+
 async def test_failing_actions_do_not_fail_the_query(store):
     chat = ScriptedChatModel(drift_responder(fail={"P0-0"}))
     builder = StubContextBuilder(fail_on="P0-1")

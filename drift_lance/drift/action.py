@@ -6,8 +6,9 @@ same follow-up proposed twice becomes one node of the `QueryState` graph with tw
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, Field
@@ -57,6 +58,14 @@ class PrimerFoldAnswer(BaseModel):
 
 def normalize_query(query: str) -> str:
     return " ".join(query.split()).casefold()
+
+
+def _questions(proposed: Iterable[str], limit: int | None) -> list[str]:
+    """The first `limit` non-blank questions, stripped. The prompts ask for up to (primer: at least)
+    drift_k_followups; a model that lists 10^5 made 10^6 graph nodes in two epochs (3 GB, the
+    event loop held for 25 s)."""
+    questions = (q.strip() for q in proposed if q and q.strip())
+    return list(itertools.islice(questions, limit))
 
 
 def _empty_usage() -> dict[str, Any]:
@@ -109,10 +118,10 @@ class DriftAction:
         self.metadata["prompt_tokens"] += prompt_tokens
         self.metadata["output_tokens"] += output_tokens
 
-    def apply_answer(self, answer: ActionAnswer) -> None:
+    def apply_answer(self, answer: ActionAnswer, max_follow_ups: int | None = None) -> None:
         self.answer = answer.response
         self.score = float(answer.score)
-        self.follow_ups = [q.strip() for q in answer.follow_up_queries if q and q.strip()]
+        self.follow_ups = _questions(answer.follow_up_queries, max_follow_ups)
 
     def mark_failed(self, error: str) -> None:
         """A failed call or unusable answer: the search goes on without this action's answer."""
@@ -126,14 +135,16 @@ class DriftAction:
 
     # --- construction ---
     @classmethod
-    def from_primer_folds(cls, query: str, folds: list[PrimerFoldAnswer], metadata: Mapping[str, Any] | None = None) -> DriftAction:
-        """The root action: fold answers joined, follow-ups concatenated, mean score."""
+    def from_primer_folds(cls, query: str, folds: list[PrimerFoldAnswer], metadata: Mapping[str, Any] | None = None,
+                          max_follow_ups: int | None = None) -> DriftAction:
+        """The root action: fold answers joined, follow-ups concatenated (the first `max_follow_ups`
+        of each fold), mean score."""
         if not folds:
             raise ValueError("the primer produced no answers")
         return cls(
             query,
             answer="\n\n".join(fold.intermediate_answer for fold in folds),
-            follow_ups=[q.strip() for fold in folds for q in fold.follow_up_queries if q and q.strip()],
+            follow_ups=[q for fold in folds for q in _questions(fold.follow_up_queries, max_follow_ups)],
             score=sum(float(fold.score) for fold in folds) / len(folds),
             metadata=dict(metadata or {}),
         )

@@ -128,6 +128,7 @@ class DRIFTPrimer:
                 "hyde_query": hyde_text,
                 **({"fold_errors": errors} if errors else {}),
             },
+            max_follow_ups=self.config.drift_k_followups,
         )
         return PrimerOutcome(root, reports, hyde_text, hyde_usage, primer_usage, errors, hyde_fell_back)
 

@@ -358,7 +358,7 @@ class DRIFTSearch:
             action.record_usage(llm_calls=usage.calls, prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
             if not isinstance(result.parsed, ActionAnswer):
                 raise ValueError("the model returned no structured answer")
-            action.apply_answer(result.parsed)
+            action.apply_answer(result.parsed, max_follow_ups=cfg.drift_k_followups)
         except asyncio.CancelledError as exc:  # the time budget or the whole query: the call was made
             self._count_failed_call(action, exc, llm_started)
             raise
