@@ -531,6 +531,36 @@ async def test_unrecoverable_output_is_reported_with_the_text(openai_server, ope
         await chat.complete(USER, response_model=Primer)
 
 
+async def test_a_long_structured_answer_is_parsed_off_the_event_loop(openai_server, openai_settings):
+    """Repairing a long answer's JSON is Python work (0.2-0.4 s a MB): a 5 MB unterminated answer held
+    the event loop, and every other search of the service, for 2.1 s. A long answer is parsed (and
+    its tokens counted) on a worker thread; a short one stays on the loop, with no thread hop."""
+    import functools
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Recording(ThreadPoolExecutor):
+        def __init__(self):
+            super().__init__(max_workers=2)
+            self.ran: list[str] = []
+
+        def submit(self, fn, /, *args, **kwargs):
+            ours = {"_count", "parse_structured"}  # (the SDK runs its platform lookup on a thread too)
+            if isinstance(fn, functools.partial) and getattr(fn.args[0] if fn.args else None, "__name__", "") in ours:
+                self.ran.append(fn.args[0].__name__)  # asyncio.to_thread: partial(context.run, func, ...)
+            return super().submit(fn, *args, **kwargs)
+
+    executor = Recording()
+    asyncio.get_running_loop().set_default_executor(executor)
+    long_answer = json.dumps({**PRIMER, "intermediate_answer": "long " * 100_000})[:-1]  # cut: repair runs
+    openai_server.queue_chat(Reply(text=long_answer, usage=False), Reply(json=PRIMER, usage=False))
+    chat = _chat(openai_settings)
+    result = await chat.complete(USER, response_model=Primer)
+    assert result.parsed.intermediate_answer == "long " * 100_000 and result.usage.counted
+    assert executor.ran == ["_count", "parse_structured"]
+    assert (await chat.complete(USER, response_model=Primer)).parsed == Primer(**PRIMER)
+    assert executor.ran == ["_count", "parse_structured"]  # nothing more: a short answer stays on the loop
+
+
 async def test_explicit_prompt_mode_sends_no_response_format(openai_server, openai_settings):
     openai_server.queue_chat(Reply(json=PRIMER))
     await _chat(openai_settings, structured_output="prompt").complete(USER, response_model=Primer)

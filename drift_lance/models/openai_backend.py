@@ -591,7 +591,7 @@ class OpenAIChatModel:
         kwargs = _params_kwargs(params)
         if response_model is None:
             response = await self._create(payload, kwargs)
-            result = self._result(payload, response)
+            result = await self._result(payload, response)
             if (why := _why_no_text(result.text, *_finish_and_refusal(response))) is not None:
                 raise EmptyAnswerError(self._no_answer(why), usage=result.usage)
             return result
@@ -632,10 +632,11 @@ class OpenAIChatModel:
                     continue
                 raise
             self._remember_step(steps, step, format_rejected)
-            result = self._result(messages, response)
+            result = await self._result(messages, response)
             if (why := _why_no_text(result.text, *_finish_and_refusal(response))) is not None:
                 raise StructuredOutputError(self._no_answer(why), text="", usage=result.usage)
-            result.parsed = parse_structured(result.text, response_model, usage=result.usage)
+            result.parsed = await _off_loop_if_long(result.text, parse_structured, result.text, response_model,
+                                                    usage=result.usage)
             return result
         raise AssertionError("unreachable: the last step either returns or raises")
 
@@ -717,9 +718,9 @@ class OpenAIChatModel:
             )
         return response
 
-    def _result(self, messages: list[dict], response: dict[str, Any]) -> ChatResult:
+    async def _result(self, messages: list[dict], response: dict[str, Any]) -> ChatResult:
         text = _completion_text(response)
-        usage = _usage_from(response.get("usage")) or self._count(messages, text)
+        usage = _usage_from(response.get("usage")) or await _off_loop_if_long(text, self._count, messages, text)
         return ChatResult(text=text, usage=usage, model=str(response.get("model") or self.model_id), raw=response)
 
     def _no_answer(self, why: str) -> str:
@@ -728,6 +729,18 @@ class OpenAIChatModel:
     def _count(self, messages: list[dict], text: str) -> Usage:
         prompt = sum(self._tokenizer.count(m["content"]) for m in messages)
         return Usage(prompt, self._tokenizer.count(text), 1, counted=True)
+
+
+# Answers longer than this are parsed and counted on a worker thread: JSON repair takes 0.2-0.4 s a
+# MB in Python, counting 0.04 s (tiktoken) to 0.5 s (pure Python); a 5 MB unterminated JSON answer
+# held the event loop 2.1 s. The thread takes turns at the GIL, so the loop runs every few ms.
+_OFF_LOOP_CHARS = 256 * 1024
+
+
+async def _off_loop_if_long(text: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    if len(text) < _OFF_LOOP_CHARS:
+        return fn(*args, **kwargs)
+    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 def _refused_param(exc: ModelRequestError) -> str | None:
