@@ -256,6 +256,42 @@ async def test_an_answer_listing_thousands_of_follow_ups_adds_only_drift_k_follo
         assert children == [f"{node['query']}/{i}" for i in range(3)]
 
 
+async def test_long_answers_are_counted_for_the_reduce_off_the_event_loop(store):
+    """The reduce counts every intermediate answer's tokens: five 10 MB follow-up answers (within the
+    response bound) held the event loop, and every other search of the service, for 2.5 s. Long
+    answers are counted on a worker thread (the tokenizer lets go of the GIL); short ones on the loop."""
+    import functools
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Recording(ThreadPoolExecutor):
+        def __init__(self):
+            super().__init__(max_workers=2)
+            self.ran: list[str] = []
+
+        def submit(self, fn, /, *args, **kwargs):
+            if isinstance(fn, functools.partial) and fn.args:  # asyncio.to_thread: partial(context.run, func)
+                self.ran.append(getattr(fn.args[0], "__name__", "?"))
+            return super().submit(fn, *args, **kwargs)
+
+    executor = Recording()
+    asyncio.get_running_loop().set_default_executor(executor)
+    long = "All of it matters. " * 20_000  # 380 K characters
+    for answer, on_thread in (("short", False), (long, True)):
+        def respond(messages, params, response_model, answer=answer):
+            if stage_of(messages, response_model) == "action":
+                return {"response": answer, "score": 50, "follow_up_queries": []}
+            return drift_responder()(messages, params, response_model)
+
+        executor.ran.clear()
+        chat = ScriptedChatModel(respond)
+        result = await make_search(store, chat, drift_k_followups=2, primer_folds=1, n_depth=1).search("Who leads?")
+        assert result.response == REDUCE_TEXT
+        assert ("_reduce_notes" in executor.ran) is on_thread
+        notes = chat.calls[-1].messages[0].content
+        # the same notes either way: the short answer is sent, the long one is over data_max_tokens
+        assert ("## P0-0\n\nshort" in notes) is not on_thread and "All of it matters" not in notes
+
+
 async def test_failing_actions_do_not_fail_the_query(store):
     chat = ScriptedChatModel(drift_responder(fail={"P0-0"}))
     builder = StubContextBuilder(fail_on="P0-1")
