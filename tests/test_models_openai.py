@@ -866,3 +866,23 @@ async def test_an_endless_stream_fails_at_the_bound_instead_of_running_forever(o
     assert len("".join(received)) <= _CAP
     await _eventually(lambda: openai_server.disconnects == 2)
     assert chat.limiter.in_use == 0
+
+
+async def test_a_stream_dripping_a_byte_at_a_time_ends_at_stream_timeout(openai_server, openai_settings):
+    """request_timeout bounds the wait for each byte: a server sending one byte every so often, never
+    finishing, held a stream (and the CLI's query) forever. stream_timeout bounds the whole stream."""
+
+    def drip():
+        yield _sse("first ")
+        while True:
+            yield from (bytes([b]) for b in _sse("slow "))
+
+    openai_server.queue_chat(Reply(body_chunks=drip(), chunk_delay=0.05, headers={"content-type": "text/event-stream"}))
+    chat = _chat(openai_settings, stream_timeout=1.0)
+    received = []
+    async with asyncio.timeout(60):  # without the bound: here, not a hung test
+        with pytest.raises(ModelRequestError, match=r"did not end within 1s \(stream_timeout\)") as info:
+            async for delta in chat.stream(USER):
+                received.append(delta)
+    assert info.value.failure == "timeout" and received  # it was answering, just never finishing
+    await _eventually(lambda: openai_server.disconnects == 1)

@@ -65,6 +65,10 @@ class ModelSettings(BaseSettings):
     embedding_deployment: str | None = Field(None, description="Azure embedding deployment name")
     # -- call policy
     request_timeout: float = Field(180.0, gt=0, description="seconds per HTTP request")
+    stream_timeout: float = Field(
+        1800.0, gt=0, description="seconds a streamed answer may take in all (request_timeout bounds its wait for each "
+        "byte): a server sending a byte at a time, or never ending, cannot hold a stream for good"
+    )
     max_retries: int = Field(10, ge=0, description="retries after the first attempt (429/5xx/timeout/connection)")
     connect_retries: int = Field(
         2, ge=0, description="of those, retries after a failed connection (refused, reset, unknown host): a wrong or "

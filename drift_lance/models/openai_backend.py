@@ -216,6 +216,8 @@ def _describe(exc: BaseException, timeout: float) -> tuple[str, int | None, Requ
         return str(exc), None, "malformed"
     if isinstance(exc, _ResponseTooLarge):
         return str(exc), None, "too_large"
+    if isinstance(exc, _StreamTooLong):
+        return str(exc), None, "timeout"
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
         return f"malformed response body: {exc}", None, "malformed"
     if isinstance(exc, openai.APIStatusError):
@@ -286,21 +288,36 @@ class _ResponseTooLarge(openai.OpenAIError):
         super().__init__(f"response too large: more than {limit:,} {what} (max_response_bytes)")
 
 
-class _CappedStream(httpx2.AsyncByteStream):
-    """A response's raw bytes, failing once more than `limit` have arrived: every body the SDK reads
-    (answers, error pages, event streams) is read through one."""
+class _StreamTooLong(openai.OpenAIError):
+    """An event stream still going at `stream_timeout`: the read timeout only bounds the wait for
+    the next byte, so a server sending one a second held a stream forever."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, what: str):
+    def __init__(self, seconds: float):
+        super().__init__(f"the answer stream did not end within {seconds:g}s (stream_timeout); a model that does not "
+                         "stop, or a server sending a byte at a time?")
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    """A response's raw bytes, failing once more than `limit` have arrived (or, with `seconds`, once
+    it has lasted that long): every body the SDK reads (answers, error pages, event streams) is
+    read through one."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, what: str, seconds: float | None = None):
         self._inner = inner
         self._limit = limit
         self._what = what
+        self._seconds = seconds
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         seen = 0
+        clock = asyncio.get_running_loop().time
+        until = None if self._seconds is None else clock() + self._seconds
         async for chunk in self._inner:
             seen += len(chunk)
             if seen > self._limit:
                 raise _ResponseTooLarge(self._limit, self._what)
+            if until is not None and clock() > until:
+                raise _StreamTooLong(self._seconds)  # type: ignore[arg-type]
             yield chunk
 
     async def aclose(self) -> None:
@@ -428,7 +445,8 @@ class _Endpoint:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise _ResponseTooLarge(limit, f"{what} ({int(declared):,} declared)")
-        response.stream = _CappedStream(response.stream, limit, what)
+        seconds = self.settings.stream_timeout if streamed else None  # a whole request: request_timeout
+        response.stream = _CappedStream(response.stream, limit, what, seconds)
 
     async def post_json(self, client: openai.AsyncOpenAI, path: str, body: dict[str, Any]) -> Any:
         """POST `body` to `path` through the SDK (base URL, auth, Azure deployment routing, status
@@ -496,7 +514,7 @@ class _Endpoint:
                                     raise _UnreadableResponse(exc) from exc
                                 raise
         except (openai.APIError, TimeoutError, json.JSONDecodeError, _WebPageResponse, _NestedTooDeep,
-                _UnreadableResponse, _ResponseTooLarge) as exc:
+                _UnreadableResponse, _ResponseTooLarge, _StreamTooLong) as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
             reason, status, failure = _describe(exc, s.request_timeout)
             tries = f" after {attempts} attempts" if attempts > 1 else ""
@@ -895,7 +913,7 @@ class OpenAIChatStream(GeneratorStream):
                                 raise _ResponseTooLarge(limit, "characters of answer")
                             parts.append(delta)
                             yield delta
-            except (openai.APIError, _ResponseTooLarge) as exc:
+            except (openai.APIError, _ResponseTooLarge, _StreamTooLong) as exc:
                 reason, status, failure = _describe(exc, model.settings.request_timeout)
                 raise ModelRequestError(
                     f"chat model {model.model_id!r} stream failed: {reason}{model._endpoint._hint(status, failure)}",
