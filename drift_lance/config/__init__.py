@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from drift_lance.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel, ValidationError
+    from pydantic import BaseModel
 
     Model = TypeVar("Model", bound=BaseModel)
 
