@@ -137,6 +137,20 @@ def test_with_updates_validates_dotted_paths():
         settings.with_updates({"drift.bogus": 1})
 
 
+def test_updated_settings_still_probe_the_count_ingest_calibrated(tmp_path):
+    """`drift-lance serve --port N` (any flag) went through with_updates, after which the store
+    probed 30% of the partitions instead of ingest's calibrated count (150 of 500, not 84)."""
+    settings = Settings.load()
+    for updated in (settings.with_updates({"service.port": 9000}),
+                    settings.with_updates({"service.port": 9000}).with_updates({"store.reload_interval_seconds": 0})):
+        assert updated.store.search.probing(500, calibrated=84) == (84, "calibrated")
+        assert updated.service.port == 9000
+    # a value the file sets is still set, and still wins over the calibration
+    (tmp_path / "s.toml").write_text("[store.search]\nnprobes_fraction = 0.3\n")
+    from_file = Settings.load(tmp_path / "s.toml").with_updates({"service.port": 9000})
+    assert from_file.store.search.probing(500, calibrated=84) == (150, "nprobes_fraction")
+
+
 def test_parse_assignments():
     assert parse_assignments(["n_depth=2", "service.port=80", "response_type=two lines", "seed=null"], section="drift") == {
         "drift.n_depth": 2,

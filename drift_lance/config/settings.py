@@ -105,7 +105,10 @@ class Settings(BaseSettings):
 
     def with_updates(self, updates: Mapping[str, Any]) -> Settings:
         """A copy with dotted-path updates applied and validated, e.g. {"drift.n_depth": 2}."""
-        data = self.model_dump()
+        # Only the values that were set: a default dumped and validated again would count as set,
+        # and `store.search` tells an explicit `nprobes_fraction` from its default that way (an
+        # explicit one replaces ingest's calibrated probe count).
+        data = self.model_dump(exclude_unset=True)
         for dotted, value in updates.items():
             _set_dotted(data, dotted, value)
         try:
@@ -354,7 +357,7 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = data
     for name in parents:
-        child = node.get(name)
+        child = node.setdefault(name, {})  # a section left at its defaults is not in the data
         if not isinstance(child, dict):
             raise ConfigError(f"setting {dotted!r}: {name!r} is not a section")
         node = child
