@@ -130,6 +130,16 @@ def test_serve_without_db_is_a_usage_error():
     assert_one_line_error(drift_lance("serve"), "--db")
 
 
+@pytest.mark.parametrize("command", ["serve", "inspect"])
+def test_an_empty_db_setting_is_no_database_not_the_current_directory(dulce_db_uri, command):
+    """`DRIFT_LANCE_DB=` (an env file's empty line) made `serve` open the current directory: it served
+    the database it was started in, or failed with ": no complete ingest found"."""
+    args = [command, "--port", "0"] if command == "serve" else [command]
+    proc = subprocess.run([sys.executable, "-m", "drift_lance", *args], capture_output=True, text=True, timeout=60,
+                          env=cli_env(DRIFT_LANCE_DB="", PYTHONPATH=str(REPO)), cwd=dulce_db_uri, stdin=subprocess.DEVNULL)
+    assert_one_line_error(proc, f"drift-lance {command}: error: no database: pass --db URI")
+
+
 def test_bad_config_file_names_file_and_field(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text("[service]\nmax_concurrent_searches = 0\n")
