@@ -92,6 +92,13 @@ def test_a_section_style_model_variable_is_refused_naming_the_right_one(monkeypa
         Settings.load()
 
 
+def test_a_variable_for_a_misspelt_section_is_refused_naming_it(monkeypatch):
+    """DRIFT_LANCE_SERIVCE__PORT=9000 was read by nothing: the service started on 8000."""
+    monkeypatch.setenv("DRIFT_LANCE_SERIVCE__PORT", "9000")
+    with pytest.raises(ConfigError, match=r"DRIFT_LANCE_SERIVCE__PORT: unknown section 'serivce'; did you mean 'service'\?"):
+        Settings.load()
+
+
 @pytest.mark.parametrize(
     ("text", "suffix", "needle"),
     [

@@ -94,6 +94,7 @@ class Settings(BaseSettings):
         overrides = {k: v for k, v in overrides.items() if v is not None}
         # Two sections read the environment through their owners' loaders, so their documented
         # variables behave the same everywhere: DRIFT_LANCE_DRIFT__* and DRIFT_LANCE_<MODEL FIELD>.
+        _refuse_unknown_section_variables()
         if "drift" not in overrides:
             overrides["drift"] = load_drift_config(source if "drift" in data else None)
         if "models" not in overrides:
@@ -306,6 +307,16 @@ def _model_settings(section: Any, source: Path | None) -> ModelSettings:
     except ValidationError as exc:
         where = f"config file {source}" if source is not None else "model settings"
         raise ConfigError(f"{where}: {describe_validation_error(exc, prefix='models')}") from None
+
+
+def _refuse_unknown_section_variables() -> None:
+    """`DRIFT_LANCE_SERIVCE__PORT=9000` is read by nothing (pydantic-settings only looks for the
+    variables of known sections): name it, as an unknown section in a file is named."""
+    for name in sorted(os.environ):
+        section, nested, _ = name[len(ENV_PREFIX):].partition("__")
+        if name.upper().startswith(ENV_PREFIX) and nested and section.lower() not in Settings.model_fields:
+            raise ConfigError(f"environment variable {name}: unknown section {section.lower()!r}"
+                              f"{did_you_mean(section.lower(), Settings.model_fields)} (known: {', '.join(Settings.model_fields)})")
 
 
 def _refuse_section_style_model_variables() -> None:
