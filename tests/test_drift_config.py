@@ -122,7 +122,7 @@ def test_errors_name_the_source_and_field(tmp_path):
     bad.write_text("n_depth = [")
     with pytest.raises(ConfigError, match=r"bad\.toml.*cannot parse"):
         load_drift_config(bad, env={})
-    with pytest.raises(ConfigError, match="missing.yaml does not exist"):
+    with pytest.raises(ConfigError, match="missing.yaml: not found"):
         load_drift_config(tmp_path / "missing.yaml", env={})
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_set_options(["n_depth"])

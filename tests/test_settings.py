@@ -127,6 +127,13 @@ def test_missing_file(tmp_path):
         Settings.load(tmp_path / "nope.toml")
 
 
+def test_a_directory_given_as_the_settings_file_is_named_as_one(tmp_path):
+    """`--config conf.d.toml` (a folder) said "not found" though the path is there."""
+    (tmp_path / "conf.toml").mkdir()
+    with pytest.raises(ConfigError, match=r"conf.toml: is a directory, not a settings file"):
+        Settings.load(tmp_path / "conf.toml")
+
+
 def test_bad_environment_value_names_the_field(monkeypatch):
     monkeypatch.setenv("DRIFT_LANCE_SERVICE__MAX_CONCURRENT_SEARCHES", "zero")
     with pytest.raises(ConfigError, match="service.max_concurrent_searches"):

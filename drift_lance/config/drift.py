@@ -198,22 +198,24 @@ def _read_config_file(path: Path) -> dict[str, Any]:
 
 
 def read_config_mapping(path: Path) -> dict[str, Any]:
-    """The parsed TOML/YAML file as a dict (ConfigError naming the file when it is unusable)."""
+    """The parsed TOML (.toml) or YAML (.yaml/.yml) file as a dict (ConfigError naming the file when
+    it is unusable). The one reader of settings files: `Settings.load` reads them here too."""
+    if path.is_dir():
+        raise ConfigError(f"config file {path}: is a directory, not a settings file")
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path}: not found")
     suffix = path.suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .yaml or .yml")
     try:
         text = path.read_text(encoding="utf-8")
-        if suffix == ".toml":
-            data = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"config file {path}: unsupported extension {suffix!r} (use .toml, .yaml or .yml)")
+        data = tomllib.loads(text) if suffix == ".toml" else (yaml.safe_load(text) or {})
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path}: cannot parse: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+        raise ConfigError(f"config file {path}: top level must be a table/mapping, got {type(data).__name__}")
     return data
 
 

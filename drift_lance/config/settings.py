@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -30,7 +29,9 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
-from drift_lance.config.drift import DRIFTSearchConfig, file_relative_prompts, load_drift_config, section_values
+from drift_lance.config.drift import (
+    DRIFTSearchConfig, file_relative_prompts, load_drift_config, read_config_mapping, section_values,
+)
 from drift_lance.config.ingest import IngestConfig, StoreConfig
 from drift_lance.config.local import LOCAL_FILE_KEYS, LOCAL_PROMPT_FIELDS, LocalSearchConfig
 from drift_lance.config.models import ModelSettings
@@ -222,7 +223,7 @@ def _annotation_of(dotted: str) -> Any:
 def read_settings_file(path: Path, *, graphrag: bool = False) -> dict[str, Any]:
     """A TOML (.toml) or YAML (.yaml/.yml) settings file as a dict of sections, prompt paths resolved
     against the file's folder. With `graphrag`, a graphrag settings.yaml gives its search blocks."""
-    data = _parse_settings_file(path)
+    data = read_config_mapping(path)
     if graphrag and is_graphrag_settings(data):
         return _graphrag_search_sections(data, path)
     return _drift_lance_sections(data, path)
@@ -267,26 +268,6 @@ def _graphrag_search_sections(data: dict[str, Any], path: Path) -> dict[str, Any
         sections["local"] = section_values(local, path, block="local_search", fields=LOCAL_FILE_KEYS,
                                            prompt_fields=LOCAL_PROMPT_FIELDS, missing_prompts_default=True)
     return sections
-
-
-def _parse_settings_file(path: Path) -> dict[str, Any]:
-    """Parse a TOML (.toml) or YAML (.yaml/.yml) settings file into a dict."""
-    if not path.is_file():
-        raise ConfigError(f"config file {path}: not found")
-    suffix = path.suffix.lower()
-    try:
-        text = path.read_text(encoding="utf-8")
-        if suffix == ".toml":
-            data: Any = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .yaml or .yml")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path}: cannot parse: {' '.join(str(exc).split())}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: top level must be a table/mapping, got {type(data).__name__}")
-    return data
 
 
 _SECTION_ALIASES = {"drift_search": "drift", "local_search": "local"}
