@@ -734,6 +734,20 @@ async def test_azure_backend_uses_deployment_route_and_api_key_header(openai_ser
     assert "api-version=2024-10-21" in chat_req.query and chat_req.headers["api-key"] == "azure-key"
 
 
+async def test_azure_from_the_environment_sends_azures_key_though_openai_api_key_is_set(openai_server, monkeypatch):
+    """With AZURE_OPENAI_ENDPOINT, AZURE_OPENAI_API_KEY and an OPENAI_API_KEY left in the
+    environment, the OpenAI key went to the Azure resource (401, and a secret sent to the wrong
+    provider); the openai SDK's AzureOpenAI reads AZURE_OPENAI_API_KEY."""
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.setenv("AZURE_OPENAI_ENDPOINT", openai_server.base_url.removesuffix("/v1"))
+    monkeypatch.setenv("AZURE_OPENAI_API_KEY", "azure-key")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-key")
+    monkeypatch.setenv("OPENAI_API_VERSION", "2024-10-21")
+    openai_server.queue_chat(Reply(text="from azure"))
+    assert (await get_chat_model(ModelSettings(max_retries=0)).complete(USER)).text == "from azure"
+    assert openai_server.requests[0].headers["api-key"] == "azure-key"
+
+
 def test_fake_server_works_from_sync_code():
     import openai
 

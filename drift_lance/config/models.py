@@ -132,13 +132,16 @@ class ModelSettings(BaseSettings):
         """A copy with backends, model ids and endpoint filled in from the environment."""
         env = os.environ
         base_url = self.base_url or _env_url("OPENAI_BASE_URL")
-        api_key = self.api_key or _secret(env.get("OPENAI_API_KEY"))
         azure_endpoint = self.azure_endpoint or _env_url("AZURE_OPENAI_ENDPOINT")
+        api_key = self.api_key
+        if api_key is None and azure_endpoint:
+            # Azure's own key first, as the openai SDK's AzureOpenAI reads it: with both variables set,
+            # OPENAI_API_KEY (an api.openai.com key) went to the Azure resource and got 401.
+            api_key = _secret(env.get("AZURE_OPENAI_API_KEY"))
+        api_key = api_key or _secret(env.get("OPENAI_API_KEY"))
         updates: dict = {"base_url": base_url, "api_key": api_key, "azure_endpoint": azure_endpoint}
         if self.api_version is None and env.get("OPENAI_API_VERSION"):
             updates["api_version"] = env["OPENAI_API_VERSION"]
-        if azure_endpoint and api_key is None and env.get("AZURE_OPENAI_API_KEY"):
-            updates["api_key"] = _secret(env["AZURE_OPENAI_API_KEY"])
 
         remote = "azure" if azure_endpoint else "openai"
         has_endpoint = bool(base_url or api_key or azure_endpoint)
