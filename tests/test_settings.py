@@ -122,6 +122,21 @@ def test_bad_files_name_the_file_and_field(tmp_path, text, suffix, needle):
     assert str(path) in str(info.value) or "drift config field" in str(info.value)
 
 
+@pytest.mark.parametrize(("text", "field"), [
+    ("service:\n  api_key: 20261207\n", "service.api_key"),
+    ("models:\n  api_key: 20261207\n", "models.api_key"),
+    ("store:\n  storage_options:\n    aws_secret_access_key: 20261207\n", "store.storage_options.aws_secret_access_key"),
+])
+def test_a_bad_secret_is_named_but_never_shown(tmp_path, text, field):
+    """YAML reads an all-digit key as a number; the error quoted it to the terminal and the logs."""
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        Settings.load(path)
+    assert f"field {field}: Input should be a valid string, got a value of type int" in str(info.value)
+    assert "20261207" not in str(info.value)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         Settings.load(tmp_path / "nope.toml")

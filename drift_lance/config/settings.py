@@ -322,12 +322,23 @@ def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        elif _is_secret(path[-1] if path else ""):  # a key YAML read as a number must not reach a log
+            msg += ", got a value of type " + type(err.get("input")).__name__
         elif not isinstance(err.get("input"), dict):
             msg += f", got {err['input']!r}"
         if len(path) == 2 and path[0] != "models":  # DRIFT_LANCE_<SECTION>__<FIELD>; models use their own names
             msg += f" (from the config file, DRIFT_LANCE_{path[0].upper()}__{path[1].upper()} or a flag)"
         parts.append(f"field {loc}: {msg}")
     return "; ".join(parts)
+
+
+# Settings whose values are credentials: api keys, and storage options such as
+# aws_secret_access_key, aws_session_token or azure_storage_account_key.
+_SECRET_NAME = re.compile(r"key|secret|password|credential|(^|_)token$", re.IGNORECASE)
+
+
+def _is_secret(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
 
 
 class _FileSource(PydanticBaseSettingsSource):
