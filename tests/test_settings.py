@@ -92,6 +92,18 @@ def test_a_section_style_model_variable_is_refused_naming_the_right_one(monkeypa
         Settings.load()
 
 
+def test_a_bad_model_variable_is_blamed_on_the_variable_not_on_the_config_file(tmp_path, monkeypatch):
+    """With --config, DRIFT_LANCE_REQUEST_TIMEOUT=-1 was reported as "config file f.toml: field
+    models.request_timeout", a file that has no models section."""
+    path = tmp_path / "f.toml"
+    path.write_text("[drift]\nn_depth = 1\n")
+    monkeypatch.setenv("DRIFT_LANCE_REQUEST_TIMEOUT", "-1")
+    with pytest.raises(ConfigError) as info:
+        Settings.load(path)
+    assert str(info.value).startswith("environment variable DRIFT_LANCE_REQUEST_TIMEOUT: field models.request_timeout: ")
+    assert str(path) not in str(info.value)
+
+
 def test_a_variable_for_a_misspelt_section_is_refused_naming_it(monkeypatch):
     """DRIFT_LANCE_SERIVCE__PORT=9000 was read by nothing: the service started on 8000."""
     monkeypatch.setenv("DRIFT_LANCE_SERIVCE__PORT", "9000")

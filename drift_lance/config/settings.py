@@ -283,11 +283,23 @@ def _model_settings(section: Any, source: Path | None) -> ModelSettings:
     _refuse_section_style_model_variables()
     try:
         from_env = ModelSettings()
-        env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set}
+    except ValidationError as exc:  # the variables alone: name them, not a file that may not set the field
+        names = sorted({_model_variable(str(err["loc"][0])) for err in exc.errors() if err["loc"]})
+        raise ConfigError(f"environment variable {', '.join(names)}: "
+                          f"{describe_validation_error(exc, prefix='models')}") from None
+    env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set}
+    try:
         return ModelSettings(**{**(section or {}), **env_values})
     except ValidationError as exc:
         where = f"config file {source}" if source is not None else "model settings"
         raise ConfigError(f"{where}: {describe_validation_error(exc, prefix='models')}") from None
+
+
+def _model_variable(field: str) -> str:
+    """The environment variable of a `models` field (its loc may be the alias, already a name)."""
+    if field.upper().startswith(ENV_PREFIX):
+        return field.upper()
+    return "DRIFT_LANCE_MODEL_API_KEY" if field == "api_key" else f"{ENV_PREFIX}{field.upper()}"
 
 
 def _refuse_unknown_section_variables() -> None:
