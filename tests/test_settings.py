@@ -149,6 +149,16 @@ def test_a_bad_secret_is_named_but_never_shown(tmp_path, text, field):
     assert "20261207" not in str(info.value)
 
 
+def test_a_yaml_section_whose_keys_are_all_commented_out_is_empty(tmp_path):
+    """`service:` with every key commented out is null in YAML: `models:` and `drift:` were empty
+    sections, `service:`, `local:` and `store:` failed with "Input should be a valid dictionary"."""
+    path = tmp_path / "s.yaml"
+    path.write_text("service:\n#  port: 9000\nlocal:\nstore:\n  search:\n  storage_options:\ningest:\ndrift:\nmodels:\n")
+    settings = Settings.load(path)
+    assert settings.service.port == 8000 and settings.store.storage_options == {}
+    assert settings.store.search.probing(500, calibrated=84) == (84, "calibrated")
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         Settings.load(tmp_path / "nope.toml")

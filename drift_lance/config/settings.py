@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
@@ -244,9 +244,26 @@ def _drift_lance_sections(data: dict[str, Any], path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"config file {path}: unknown section {unknown[0]!r}; known: {', '.join(Settings.model_fields)}{hint}"
         )
+    _null_sections_as_empty(data, Settings)
     if isinstance(data.get("local"), dict):
         data["local"] = file_relative_prompts(data["local"], path, LOCAL_PROMPT_FIELDS)
     return data
+
+
+def _null_sections_as_empty(data: dict[str, Any], model: type[BaseModel]) -> None:
+    """YAML reads a section whose keys are all commented out (`service:` alone) as null: that is
+    an empty section (or mapping), as it already was for `models` and `drift`, not "Input should be a valid
+    dictionary or instance of ServiceConfig"."""
+    for name, value in data.items():
+        field = model.model_fields.get(name)
+        section = field.annotation if field is not None else None
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            if value is None:
+                data[name] = {}
+            elif isinstance(value, dict):
+                _null_sections_as_empty(value, section)
+        elif value is None and typing.get_origin(section) is dict:  # storage_options:, caps.fields:
+            data[name] = {}
 
 
 def is_graphrag_settings(data: Mapping[str, Any]) -> bool:
