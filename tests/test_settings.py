@@ -159,6 +159,20 @@ def test_a_yaml_section_whose_keys_are_all_commented_out_is_empty(tmp_path):
     assert settings.store.search.probing(500, calibrated=84) == (84, "calibrated")
 
 
+def test_a_misspelt_field_name_in_the_request_caps_is_an_error(tmp_path):
+    """`[service.caps] fields = {comunity_level = 4}` capped nothing and `server_only =
+    ["concurency"]` kept nothing server-side, silently."""
+    path = tmp_path / "s.toml"
+    path.write_text('[service.caps]\nfields = {comunity_level = 4}\nserver_only = ["concurency", "seed"]\n')
+    with pytest.raises(ConfigError) as info:
+        Settings.load(path)
+    message = str(info.value)
+    assert "field service.caps.fields: Value error, 'comunity_level' is no drift or local search setting; did you mean 'community_level'?" in message
+    assert "field service.caps.server_only: Value error, 'concurency' is no drift or local search setting" in message
+    path.write_text('[service.caps]\nfields = {community_level = 4}\nserver_only = ["concurrency", "seed"]\n')
+    assert Settings.load(path).service.caps.cap_for("community_level") == 4
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         Settings.load(tmp_path / "nope.toml")

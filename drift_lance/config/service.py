@@ -6,7 +6,11 @@ server fan out into thousands of LLM calls or huge prompts.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from drift_lance.errors import did_you_mean
 
 
 class RequestCaps(BaseModel):
@@ -26,6 +30,19 @@ class RequestCaps(BaseModel):
     fields: dict[str, float] = Field(default_factory=dict)
     # Fields that stay at the server's value: they govern the server's resources, not the answer.
     server_only: list[str] = Field(default_factory=lambda: ["concurrency", "context_concurrency", "llm_timeout"])
+
+    @field_validator("fields", "server_only")
+    @classmethod
+    def _names_are_search_fields(cls, value: Any) -> Any:
+        # A misspelt name (`comunity_level`) would cap or keep nothing, silently.
+        from drift_lance.config.drift import DRIFTSearchConfig
+        from drift_lance.config.local import LocalSearchConfig
+
+        known = sorted({*DRIFTSearchConfig.model_fields, *LocalSearchConfig.model_fields})
+        for name in value:
+            if name not in known:
+                raise ValueError(f"{name!r} is no drift or local search setting{did_you_mean(name, known)}")
+        return value
 
     def cap_for(self, field: str) -> float | None:
         """The largest value a request may set `field` to, or None when it is uncapped."""
