@@ -196,6 +196,21 @@ def test_cli_target_recall_off_and_bad_values_and_inspect_shows_the_probing(tmp_
     assert "--target-recall" in capsys.readouterr().err
 
 
+def test_ingest_prints_the_probing_its_settings_put_in_force_as_inspect_does(tmp_path, capsys, monkeypatch):
+    """With `[store.search] nprobes` (or its variable) set, ingest said "probes 20 (calibrated at
+    ingest)" while every query, and `inspect` with the same settings, probed 7."""
+    from ingest.synthetic import generate_index
+
+    src = generate_index(tmp_path / "src", n_entities=4800, dim=16, seed=2)
+    db = str(tmp_path / "db")
+    monkeypatch.setenv("DRIFT_LANCE_STORE__SEARCH__NPROBES", "7")
+    assert cli_main(["ingest", str(src), "--db", db, "--ann-min-rows", "1000", "--target-recall", "0.5", "--no-progress"]) == 0
+    line = "entities: IVF_RQ probes 7 of 35 partitions (store.search.nprobes, not the ingest calibration)"
+    assert line in capsys.readouterr().out
+    assert cli_main(["inspect", "--db", db]) == 0
+    assert line in capsys.readouterr().out
+
+
 def test_indexes_calibrated_before_the_confidence_bound_still_open_and_print():
     """A manifest written before the bound existed has no `recall_lower_bound`: it loads, and
     `inspect` prints its probing without one."""

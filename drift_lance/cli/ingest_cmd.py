@@ -146,11 +146,13 @@ def run(args: argparse.Namespace) -> int:
         # A bar redrawn with carriage returns is noise in a log file or a CI job's output.
         progress=args.progress and sys.stderr.isatty(),
     )
-    print_summary(report, sys.stdout)
+    print_summary(report, sys.stdout, settings.store.search)
     return 0
 
 
-def print_summary(report: Any, out: TextIO) -> None:
+def print_summary(report: Any, out: TextIO, tuning: Any = None) -> None:
+    """The ingest's tables and timings, and each ANN index's probing under `tuning` (the settings'
+    `store.search`, which queries will use: a configured `nprobes` wins over the calibration)."""
     m = report.manifest
     print(f"ingested {m.source_path} ({m.layout}) into {report.db_uri}: generation {m.generation}", file=out)
     described = {name: f"{v.dimension}-d {v.model} ({v.source})" for name, v in m.vectors.items()}
@@ -167,7 +169,7 @@ def print_summary(report: Any, out: TextIO) -> None:
         )
     for name, info in m.tables.items():
         if info.vector_index:
-            print(probing_line(info), file=out)
+            print(probing_line(info, tuning), file=out)
     s = report.seconds
     print(
         f"{sum(report.rows.values())} rows in {s['total']:.1f}s ({report.rows_per_second:,.0f} rows/s; "
