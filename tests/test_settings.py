@@ -78,6 +78,19 @@ def test_api_key_short_variable_goes_to_service_not_to_the_model_endpoint(monkey
     assert "bearer-token" not in repr(settings)
 
 
+@pytest.mark.parametrize("variable", ["DRIFT_LANCE_API_KEY", "DRIFT_LANCE_SERVICE__API_KEY"])
+def test_an_empty_api_key_variable_does_not_turn_off_the_files_key(tmp_path, monkeypatch, variable):
+    """docker compose passes `DRIFT_LANCE_API_KEY=${KEY}` of an unset KEY as an empty string: that
+    turned off the key the settings file sets, and the service answered without auth."""
+    path = tmp_path / "s.toml"
+    path.write_text('[service]\napi_key = "file-key"\n')
+    monkeypatch.setenv(variable, "")
+    assert Settings.load(path).service.api_key.get_secret_value() == "file-key"
+    assert Settings.load().service.api_key is None  # and without a file, no key: no auth, as before
+    monkeypatch.setenv(variable, "env-key")
+    assert Settings.load(path).service.api_key.get_secret_value() == "env-key"
+
+
 def test_model_settings_keep_their_own_variables(monkeypatch):
     monkeypatch.setenv("DRIFT_LANCE_CHAT_MODEL", "my-model")
     assert Settings.load().models.chat_model == "my-model"

@@ -80,7 +80,10 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, _ApiKeyEnvSource(settings_cls), env_settings, _FileSource(settings_cls))
+        def environment() -> dict[str, Any]:
+            return _without_blank_api_key(env_settings())
+
+        return (init_settings, _ApiKeyEnvSource(settings_cls), environment, _FileSource(settings_cls))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, /, *, graphrag: bool = False, **overrides: Any) -> Settings:
@@ -388,7 +391,17 @@ class _ApiKeyEnvSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         key = os.environ.get(API_KEY_ENV)
-        return {"service": {"api_key": key}} if key is not None else {}
+        return {"service": {"api_key": key}} if key is not None and key.strip() else {}
+
+
+def _without_blank_api_key(values: dict[str, Any]) -> dict[str, Any]:
+    """Environment values with a blank `DRIFT_LANCE_SERVICE__API_KEY` left out: an empty variable
+    (docker compose's `${KEY}` of an unset KEY) is no key, and must not turn off the key the
+    settings file sets, leaving the service open."""
+    service = values.get("service")
+    if isinstance(service, dict) and isinstance(service.get("api_key"), str) and not service["api_key"].strip():
+        values = {**values, "service": {k: v for k, v in service.items() if k != "api_key"}}
+    return values
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
