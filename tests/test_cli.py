@@ -336,6 +336,13 @@ def test_serve_on_an_unusable_address_is_one_line_and_exit_2(service_db, host):
     assert_one_line_error(proc, f"drift-lance serve: error: cannot listen on {host}:{port}: {reason}")
 
 
+def test_serve_with_an_empty_host_setting_refuses_instead_of_listening_on_every_interface(service_db):
+    """`DRIFT_LANCE_SERVICE__HOST=` (an env file's empty line) listened on 0.0.0.0 and [::] instead
+    of the default 127.0.0.1, and said "serving ... on http://:PORT"."""
+    proc = drift_lance("serve", "--db", str(service_db), "--port", "0", env=cli_env(DRIFT_LANCE_SERVICE__HOST=""), timeout=60)
+    assert_one_line_error(proc, "field service.host: Value error, empty; give an address")
+
+
 GRAPHRAG_SETTINGS = (
     "completion_models:\n  default_completion_model:\n    model: gpt-4.1\n"
     "input:\n  type: file\noutput:\n  type: file\nvector_store:\n  type: lancedb\n"

@@ -86,6 +86,15 @@ class ServiceConfig(BaseModel):
     # SSE comment line sent when no event was emitted for this long, so proxies keep the stream open.
     sse_keepalive_seconds: float = Field(15.0, gt=0)
 
+    @field_validator("host")
+    @classmethod
+    def _host_is_named(cls, value: str) -> str:
+        # An empty host (`DRIFT_LANCE_SERVICE__HOST=` in an env file) made the server listen on every
+        # interface, 0.0.0.0 and [::], instead of the default 127.0.0.1.
+        if not value.strip():
+            raise ValueError("empty; give an address (127.0.0.1, the default; 0.0.0.0 for every interface)")
+        return value.strip()
+
     @field_validator("api_key", mode="before")
     @classmethod
     def _empty_key_means_no_auth(cls, value: object) -> object:
