@@ -91,6 +91,19 @@ def test_an_empty_api_key_variable_does_not_turn_off_the_files_key(tmp_path, mon
     assert Settings.load(path).service.api_key.get_secret_value() == "env-key"
 
 
+def test_an_empty_model_path_variable_is_unset_not_the_current_directory(tmp_path, monkeypatch):
+    """`DRIFT_LANCE_CACHE_DIR=` (an env file's "no cache") was Path(""), the current directory: every
+    answer was cached in responses.sqlite wherever the command ran."""
+    monkeypatch.setenv("DRIFT_LANCE_CACHE_DIR", "")
+    monkeypatch.setenv("DRIFT_LANCE_LLAMA_MODEL_PATH", " ")
+    models = Settings.load().models
+    assert models.cache_dir is None and models.llama_model_path is None
+    path = tmp_path / "s.toml"
+    path.write_text('[models]\ncache_dir = ""\n')
+    monkeypatch.delenv("DRIFT_LANCE_CACHE_DIR")
+    assert Settings.load(path).models.cache_dir is None
+
+
 def test_model_settings_keep_their_own_variables(monkeypatch):
     monkeypatch.setenv("DRIFT_LANCE_CHAT_MODEL", "my-model")
     assert Settings.load().models.chat_model == "my-model"

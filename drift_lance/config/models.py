@@ -121,6 +121,12 @@ class ModelSettings(BaseSettings):
 
         return (init_settings, env_without_service_token, dotenv_settings, file_secret_settings)
 
+    @field_validator("cache_dir", "llama_model_path", mode="before")
+    @classmethod
+    def _empty_path_means_unset(cls, value: object) -> object:
+        # Path("") is ".": `DRIFT_LANCE_CACHE_DIR=` (an env file's "off") cached into the current directory.
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("base_url", "embedding_base_url", "azure_endpoint")
     @classmethod
     def _strip_slash(cls, value: str | None) -> str | None:
