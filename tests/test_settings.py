@@ -104,6 +104,17 @@ def test_an_empty_model_path_variable_is_unset_not_the_current_directory(tmp_pat
     assert Settings.load(path).models.cache_dir is None
 
 
+def test_an_empty_prompt_path_is_the_bundled_prompt(tmp_path, monkeypatch):
+    """`prompt = ""` (or DRIFT_LANCE_LOCAL__PROMPT=) was the current directory: the search failed
+    with "prompt file : Is a directory"; DRIFT_LANCE_DRIFT__PROMPT= already meant the bundled one."""
+    path = tmp_path / "s.toml"
+    path.write_text('[drift]\nprompt = ""\nreduce_prompt = " "\n[local]\nprompt = ""\n')
+    settings = Settings.load(path)
+    assert settings.drift.prompt is None and settings.drift.reduce_prompt is None and settings.local.prompt is None
+    monkeypatch.setenv("DRIFT_LANCE_LOCAL__PROMPT", "")
+    assert Settings.load().local.prompt is None
+
+
 def test_model_settings_keep_their_own_variables(monkeypatch):
     monkeypatch.setenv("DRIFT_LANCE_CHAT_MODEL", "my-model")
     assert Settings.load().models.chat_model == "my-model"

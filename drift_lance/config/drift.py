@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from drift_lance.config.local import INT32_MAX
+from drift_lance.config.local import INT32_MAX, empty_prompt_is_bundled
 from drift_lance.errors import ConfigError, did_you_mean
 
 __all__ = [
@@ -109,6 +109,11 @@ class DRIFTSearchConfig(BaseModel):
         description="Seconds one LLM call may take, retries included (streams: the wait for the next token). "
         "None: rely on the model's own request timeout (models.request_timeout) and retries.",
     )
+
+    @field_validator("prompt", "reduce_prompt", "primer_prompt", "hyde_prompt", mode="before")
+    @classmethod
+    def _empty_prompt_is_bundled(cls, value: object) -> object:
+        return empty_prompt_is_bundled(value)
 
     @model_validator(mode="after")
     def _props_fit_budget(self) -> DRIFTSearchConfig:
@@ -283,7 +288,7 @@ def file_relative_prompts(section: Mapping[str, Any], path: Path, prompt_fields:
     resolved = dict(section)
     for field in prompt_fields:
         value = resolved.get(field)
-        if isinstance(value, str) and value and not Path(value).is_absolute():
+        if isinstance(value, str) and value.strip() and not Path(value).is_absolute():  # blank: the bundled one
             resolved[field] = str((path.parent / value).resolve())
     return resolved
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["INT32_MAX", "LOCAL_FILE_KEYS", "LOCAL_PROMPT_FIELDS", "LocalSearchConfig"]
+__all__ = ["INT32_MAX", "LOCAL_FILE_KEYS", "LOCAL_PROMPT_FIELDS", "LocalSearchConfig", "empty_prompt_is_bundled"]
 
 # Upper bound of settings that reach LanceDB filters or a model's `seed`: a larger integer fails
 # there with an overflow deep in the engine instead of a settings error naming the field.
@@ -77,6 +77,11 @@ class LocalSearchConfig(BaseModel):
     )
     llm_timeout: float | None = Field(180.0, gt=0, description="Seconds the answer may take (streams: per token).")
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _empty_prompt_is_bundled(cls, value: object) -> object:
+        return empty_prompt_is_bundled(value)
+
     @model_validator(mode="after")
     def _props_fit_budget(self) -> LocalSearchConfig:
         # Same rule as graphrag's validate_context.
@@ -85,6 +90,12 @@ class LocalSearchConfig(BaseModel):
                 f"community_prop + text_unit_prop must be <= 1 (got {self.community_prop} + {self.text_unit_prop})"
             )
         return self
+
+
+def empty_prompt_is_bundled(value: object) -> object:
+    """A blank prompt path (`prompt = ""`, `DRIFT_LANCE_LOCAL__PROMPT=`) is no prompt file, so the
+    bundled prompt, as `none` is; it read the current directory ("prompt file : Is a directory")."""
+    return None if isinstance(value, str) and not value.strip() else value
 
 
 # Fields holding prompt file paths: in a settings file they are relative to the file.
