@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-COMMANDS = ("ingest", "query", "context", "inspect", "serve", "demo")
+COMMANDS = ("ingest", "query", "context", "inspect", "serve", "config", "demo")
 REPO = Path(__file__).resolve().parents[1]
 
 

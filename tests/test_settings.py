@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -349,3 +350,34 @@ def test_prompt_paths_in_a_settings_file_are_relative_to_the_file(tmp_path, monk
     settings = Settings.load(folder / name, graphrag=True)
     assert settings.local.prompt == str(folder / "prompts" / "local.txt")
     assert settings.drift.prompt == str(folder / "prompts" / "drift.txt")
+
+
+def test_config_command_shows_each_effective_setting_with_its_source_and_no_secret(tmp_path, monkeypatch, capsys):
+    """`drift-lance config`: what query, context and serve will use, and which file or variable set it."""
+    from drift_lance.cli import main
+
+    path = tmp_path / "s.toml"
+    path.write_text('db = "/data/index"\n[drift]\nn_depth = 1\n[local]\ntop_k_mapped_entities = 4\n'
+                    '[service]\nport = 9001\napi_key = "file-SECRET"\n')
+    monkeypatch.setenv("DRIFT_LANCE_SERVICE__PORT", "9002")
+    monkeypatch.setenv("DRIFT_LANCE_STORE__STORAGE_OPTIONS", '{"aws_secret_access_key": "aws-SECRET", "region": "eu"}')
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-SECRET")
+    monkeypatch.delenv("AZURE_OPENAI_ENDPOINT", raising=False)
+    assert main(["config", "--config", str(path), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    file = f"config file {path}"
+    assert shown["db"] == {"value": "/data/index", "source": file}
+    assert shown["drift.n_depth"] == {"value": 1, "source": file}
+    assert shown["local.top_k_entities"] == {"value": 4, "source": file}  # graphrag's name in the file
+    assert shown["service.port"] == {"value": 9002, "source": "DRIFT_LANCE_SERVICE__PORT"}  # environment > file
+    assert shown["service.api_key"] == {"value": "**********", "source": file}
+    assert shown["store.storage_options.aws_secret_access_key"]["value"] == "**********"
+    assert shown["store.storage_options.region"] == {"value": "eu", "source": "DRIFT_LANCE_STORE__STORAGE_OPTIONS"}
+    assert shown["models.chat_backend"] == {"value": "openai", "source": "auto (selection rule)"}
+    assert shown["models.base_url"] == {"value": "http://127.0.0.1:9/v1", "source": "auto (OPENAI_BASE_URL)"}
+    assert shown["drift.primer_folds"] == {"value": 5, "source": "default"}
+    assert main(["config", "--config", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "SECRET" not in text and "SECRET" not in json.dumps(shown)
+    assert any(line.startswith("drift.n_depth = 1 ") and line.endswith(f"# {file}") for line in text.splitlines())

@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "context_cmd",
     "inspect_cmd",
     "serve_cmd",
+    "config_cmd",
     "demo_cmd",
 )
 
@@ -34,7 +35,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # Commands that only read. Once their output is flushed the process has nothing left to do, and
 # the interpreter's teardown of LanceDB's runtime and caches (0.3-0.6 s with 10^6 rows) would only
 # delay the shell prompt, so `run` skips it for them.
-_READ_ONLY_COMMANDS = frozenset({"query", "context", "inspect"})
+_READ_ONLY_COMMANDS = frozenset({"query", "context", "inspect", "config"})
 
 
 class UsageError(Exception):

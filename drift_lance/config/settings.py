@@ -428,3 +428,67 @@ class _InitOnlySettings(Settings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings,)
+
+
+# ------------------------------------------------------------------ effective settings, with sources
+
+_MODEL_ENV_FALLBACKS = {"base_url": "OPENAI_BASE_URL", "azure_endpoint": "AZURE_OPENAI_ENDPOINT", "api_version": "OPENAI_API_VERSION"}
+# Other names a settings file may give a field (graphrag's).
+_FILE_KEY_ALIASES = {"top_k_entities": "top_k_mapped_entities", "completion_model_id": "chat_model_id"}
+MASK = "**********"
+
+
+def effective_settings(path: str | os.PathLike[str] | None = None) -> list[tuple[str, Any, str]]:
+    """Every setting as (dotted name, value as JSON, where it came from), as `query`, `context` and
+    `serve` load them from `path` (or `$DRIFT_LANCE_CONFIG`) and the environment; models as the
+    selection rule resolves them; secrets masked. What `drift-lance config` prints."""
+    if path is None and os.environ.get(CONFIG_FILE_ENV):
+        path = os.environ[CONFIG_FILE_ENV]
+    source = Path(path) if path is not None else None
+    settings = Settings.load(source, graphrag=True)
+    file_data = read_settings_file(source, graphrag=True) if source is not None else {}
+    values = settings.model_dump(mode="json")
+    values["models"] = settings.models.resolve().model_dump(mode="json")
+    unresolved = settings.models.model_dump(mode="json")
+    env = {name.upper(): value for name, value in os.environ.items()}
+    rows = []
+    for dotted, value in _leaves(values):
+        where = _origin(dotted, env, file_data, source)
+        field = dotted.split(".")[1] if dotted.startswith("models.") else ""
+        if where == "default" and field and value != unresolved.get(field):  # filled in by ModelSettings.resolve
+            fallback = _MODEL_ENV_FALLBACKS.get(field, "selection rule")
+            if field == "api_key":
+                fallback = "AZURE_OPENAI_API_KEY" if values["models"]["azure_endpoint"] and env.get("AZURE_OPENAI_API_KEY") else "OPENAI_API_KEY"
+            where = f"auto ({fallback})"
+        shown = MASK if value is not None and value != MASK and _is_secret(dotted.rsplit(".", 1)[-1]) else value
+        rows.append((dotted, shown, where))
+    return rows
+
+
+def _leaves(values: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for name, value in values.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
+
+
+def _origin(dotted: str, env: Mapping[str, str], file_data: Mapping[str, Any], source: Path | None) -> str:
+    """Where the value at `dotted` came from, by the precedence `Settings.load` applies."""
+    parts = dotted.split(".")
+    if parts[0] == "models":
+        variables = [_model_variable(parts[1])]
+    elif dotted == "service.api_key":
+        variables = [API_KEY_ENV, f"{ENV_PREFIX}SERVICE__API_KEY"]
+    else:  # DRIFT_LANCE_DB, DRIFT_LANCE_STORE__SEARCH__NPROBES, or a JSON mapping's DRIFT_LANCE_STORE__STORAGE_OPTIONS
+        variables = [ENV_PREFIX + "__".join(parts[:i]).upper() for i in range(len(parts), 0, -1)]
+    for name in variables:
+        if env.get(name, "").strip():
+            return name
+    node: Any = file_data
+    for name in parts:
+        name = name if not isinstance(node, Mapping) or name in node else _FILE_KEY_ALIASES.get(name, name)
+        if not isinstance(node, Mapping) or name not in node:
+            return "default"
+        node = node[name]
+    return f"config file {source}"
