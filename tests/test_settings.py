@@ -142,6 +142,23 @@ def test_a_bad_model_variable_is_blamed_on_the_variable_not_on_the_config_file(t
     assert str(path) not in str(info.value)
 
 
+def test_each_bad_value_is_blamed_on_the_file_or_variable_that_gave_it(tmp_path, monkeypatch):
+    """`DRIFT_LANCE_SERVICE__PORT=-1` with `--config f.toml` was reported as "config file f.toml:
+    field service.port ... (from the config file, DRIFT_LANCE_SERVICE__PORT or a flag)"."""
+    path = tmp_path / "f.toml"
+    path.write_text("[local]\nmax_context_tokens = -5\n")
+    monkeypatch.setenv("DRIFT_LANCE_SERVICE__PORT", "-1")
+    with pytest.raises(ConfigError) as info:
+        Settings.load(path)
+    assert str(info.value) == (
+        f"config file {path}: field local.max_context_tokens: Input should be greater than or equal to 0, got -5; "
+        "environment variable DRIFT_LANCE_SERVICE__PORT: field service.port: Input should be greater than or equal to 0, got '-1'"
+    )
+    monkeypatch.setenv("DRIFT_LANCE_SERVICE__PORT", "")  # an env file's empty line
+    with pytest.raises(ConfigError, match="^environment variable DRIFT_LANCE_SERVICE__PORT: field service.port: .*got ''$"):
+        Settings.load()
+
+
 def test_a_variable_for_a_misspelt_section_is_refused_naming_it(monkeypatch):
     """DRIFT_LANCE_SERIVCE__PORT=9000 was read by nothing: the service started on 8000."""
     monkeypatch.setenv("DRIFT_LANCE_SERIVCE__PORT", "9000")

@@ -19,7 +19,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -107,8 +107,15 @@ class Settings(BaseSettings):
         try:
             return cls(**overrides)
         except ValidationError as exc:
-            where = f"config file {source}" if source is not None else "settings"
-            raise ConfigError(f"{where}: {describe_validation_error(exc)}") from None
+            env = {name.upper(): value for name, value in os.environ.items()}
+
+            def origin(dotted: str) -> str:  # a flag, else the variable or file that gave the bad value
+                if dotted.split(".")[0] in overrides:
+                    return "command-line flag"
+                where = _origin(dotted, env, data, source)
+                return "settings" if where == "default" else where if where.startswith("config file") else f"environment variable {where}"
+
+            raise ConfigError(describe_validation_error(exc, origin=origin)) from None
         except SettingsError as exc:  # an environment value that is not the JSON a mapping or list needs
             raise ConfigError(_describe_settings_error(exc)) from None
         finally:
@@ -344,9 +351,10 @@ def _refuse_section_style_model_variables() -> None:
                               f"variables; use {right}")
 
 
-def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
-    """One line naming each bad field by its dotted path (under `prefix`), the value it got and, for
-    a section's field, the environment variable that can also set it."""
+def describe_validation_error(exc: ValidationError, *, prefix: str = "", origin: Callable[[str], str] | None = None) -> str:
+    """One line naming each bad field by its dotted path (under `prefix`) and the value it got; each
+    preceded by `origin(path)` (where that value came from) when given, else, for a section's field,
+    followed by the environment variable that can also set it."""
     parts = []
     for err in exc.errors():
         path = [str(p) for p in ([prefix] if prefix else []) + list(err["loc"])]
@@ -358,6 +366,9 @@ def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
             msg += ", got a value of type " + type(err.get("input")).__name__
         elif not isinstance(err.get("input"), dict):
             msg += f", got {err['input']!r}"
+        if origin is not None:
+            parts.append(f"{origin(loc)}: field {loc}: {msg}")
+            continue
         if len(path) == 2 and path[0] != "models":  # DRIFT_LANCE_<SECTION>__<FIELD>; models use their own names
             msg += f" (from the config file, DRIFT_LANCE_{path[0].upper()}__{path[1].upper()} or a flag)"
         parts.append(f"field {loc}: {msg}")
@@ -483,7 +494,7 @@ def _origin(dotted: str, env: Mapping[str, str], file_data: Mapping[str, Any], s
     else:  # DRIFT_LANCE_DB, DRIFT_LANCE_STORE__SEARCH__NPROBES, or a JSON mapping's DRIFT_LANCE_STORE__STORAGE_OPTIONS
         variables = [ENV_PREFIX + "__".join(parts[:i]).upper() for i in range(len(parts), 0, -1)]
     for name in variables:
-        if env.get(name, "").strip():
+        if name in env and (env[name].strip() or not name.endswith("API_KEY")):  # a blank key is no key
             return name
     node: Any = file_data
     for name in parts:
