@@ -378,6 +378,16 @@ def test_context_and_serve_read_a_graphrag_settings_file(dulce_db_uri, tmp_path,
     assert served[0].drift.n_depth == 1 and served[0].local.max_context_tokens == 300
 
 
+def test_inspect_runs_with_the_graphrag_settings_file_query_and_serve_are_given(dulce_db_uri, tmp_path):
+    """With DRIFT_LANCE_CONFIG=graphrag/settings.yaml exported for query and serve, `inspect`
+    refused to run ("unknown section 'completion_models'") though it reads neither block."""
+    config = tmp_path / "settings.yaml"
+    config.write_text(GRAPHRAG_SETTINGS)
+    proc = drift_lance("inspect", "--db", dulce_db_uri, env=cli_env(DRIFT_LANCE_CONFIG=str(config)))
+    assert proc.returncode == 0, proc.stderr
+    assert f"database   {dulce_db_uri}" in proc.stdout
+
+
 @pytest.mark.parametrize(
     ("workdir", "reason"),
     [

@@ -312,7 +312,7 @@ def test_a_graphrag_settings_file_gives_the_search_commands_its_search_blocks(tm
     assert settings.drift.n_depth == 1
     assert settings.local.max_context_tokens == 900 and settings.local.top_k_entities == 4
     assert settings.models.chat_model is None  # graphrag's model sections are not read
-    with pytest.raises(ConfigError, match="unknown section 'completion_models'.*read by query, context and serve only"):
+    with pytest.raises(ConfigError, match="unknown section 'completion_models'.*read by query, context, serve, inspect and config only"):
         Settings.load(path)  # ingest, inspect: drift-lance settings only
 
 

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from drift_lance.config.settings import Settings
 
     # db and store.storage_options from the settings ($DRIFT_LANCE_CONFIG, environment), then the flags
-    settings = Settings.load(args.config, db=args.db)
+    settings = Settings.load(args.config, graphrag=True, db=args.db)  # a $DRIFT_LANCE_CONFIG set for query and serve
     if not settings.db:
         raise UsageError("no database: pass --db URI (or set `db` in the config file / DRIFT_LANCE_DB)")
     info = asyncio.run(describe(settings.db, parse_storage_options(args.storage_options), settings.store))

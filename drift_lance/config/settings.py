@@ -250,7 +250,7 @@ def _drift_lance_sections(data: dict[str, Any], path: Path) -> dict[str, Any]:
             data[ours] = data.pop(graphrag_name)
     unknown = sorted(set(data) - set(Settings.model_fields))
     if unknown:
-        hint = "; a graphrag settings.yaml is read by query, context and serve only" if is_graphrag_settings(data) else ""
+        hint = "; a graphrag settings.yaml is read by query, context, serve, inspect and config only" if is_graphrag_settings(data) else ""
         raise ConfigError(
             f"config file {path}: unknown section {unknown[0]!r}; known: {', '.join(Settings.model_fields)}{hint}"
         )
