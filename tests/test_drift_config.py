@@ -77,6 +77,12 @@ def test_precedence_file_then_env_then_set(tmp_path):
     assert cfg.reduce_max_tokens is None
 
 
+def test_a_set_key_may_name_the_drift_section():
+    """`query --set drift.n_depth=2` was "unknown drift config field 'drift.n_depth'", where `query
+    --method local --set local.top_k_entities=5` and `context --set local....` take their section's name."""
+    assert load_drift_config(None, ["drift.n_depth=2", "seed=7"], env={}).n_depth == 2
+
+
 def test_graphrag_settings_yaml_block_is_accepted_as_is(tmp_path, caplog):
     (tmp_path / "prompts").mkdir()
     (tmp_path / "prompts" / "drift.txt").write_text("Data:\n{context_data}\nQ: {global_query}\n")

@@ -166,13 +166,14 @@ def load_drift_config(
 
 
 def parse_set_options(items: Iterable[str]) -> dict[str, str]:
-    """`["n_depth=2", "seed=7"]` -> `{"n_depth": "2", "seed": "7"}`."""
+    """`["n_depth=2", "drift.seed=7"]` -> `{"n_depth": "2", "seed": "7"}` (the section's name is
+    allowed, as `--set local.top_k_entities=5` is for a local search)."""
     parsed: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a DRIFT field name as KEY")
-        parsed[key.strip()] = value.strip()
+        parsed[key.strip().removeprefix("drift.")] = value.strip()
     return parsed
 
 
