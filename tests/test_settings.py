@@ -159,6 +159,22 @@ def test_each_bad_value_is_blamed_on_the_file_or_variable_that_gave_it(tmp_path,
         Settings.load()
 
 
+def test_none_in_a_section_variable_clears_an_optional_setting(monkeypatch):
+    """As DRIFT_LANCE_DRIFT__SEED=none does: DRIFT_LANCE_INGEST__TARGET_RECALL=none (no probe
+    calibration) or DRIFT_LANCE_STORE__INDEX_CACHE_BYTES=none (LanceDB's own bound) failed with
+    "Input should be a valid number"."""
+    monkeypatch.setenv("DRIFT_LANCE_INGEST__TARGET_RECALL", "none")
+    monkeypatch.setenv("DRIFT_LANCE_STORE__INDEX_CACHE_BYTES", "Null")
+    monkeypatch.setenv("DRIFT_LANCE_LOCAL__LLM_TIMEOUT", "none")
+    monkeypatch.setenv("DRIFT_LANCE_EMBEDDING_DIMENSION", "none")  # the models' own variables too
+    settings = Settings.load()
+    assert settings.ingest.target_recall is None and settings.store.index_cache_bytes is None
+    assert settings.local.llm_timeout is None and settings.models.embedding_dimension is None
+    monkeypatch.setenv("DRIFT_LANCE_SERVICE__PORT", "none")  # not optional: still an error
+    with pytest.raises(ConfigError, match="DRIFT_LANCE_SERVICE__PORT: field service.port: .*got 'none'"):
+        Settings.load()
+
+
 def test_a_variable_for_a_misspelt_section_is_refused_naming_it(monkeypatch):
     """DRIFT_LANCE_SERIVCE__PORT=9000 was read by nothing: the service started on 8000."""
     monkeypatch.setenv("DRIFT_LANCE_SERIVCE__PORT", "9000")

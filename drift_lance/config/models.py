@@ -15,6 +15,7 @@ Selection rule (`resolve()`), applied to fields left at "auto" / None:
 from __future__ import annotations
 
 import os
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -117,6 +118,11 @@ class ModelSettings(BaseSettings):
         def env_without_service_token() -> dict:
             values = env_settings()
             values.pop("api_key", None)
+            for name, value in values.items():  # DRIFT_LANCE_EMBEDDING_DIMENSION=none: the default, as elsewhere
+                field = cls.model_fields.get(name)
+                optional = field is not None and type(None) in typing.get_args(field.annotation)
+                if optional and isinstance(value, str) and value.strip().lower() in ("none", "null"):
+                    values[name] = None
             return values
 
         return (init_settings, env_without_service_token, dotenv_settings, file_secret_settings)

@@ -81,7 +81,9 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         def environment() -> dict[str, Any]:
-            return _without_blank_api_key(env_settings())
+            values = _without_blank_api_key(env_settings())
+            _none_words_as_none(values)
+            return values
 
         return (init_settings, _ApiKeyEnvSource(settings_cls), environment, _FileSource(settings_cls))
 
@@ -413,6 +415,18 @@ def _without_blank_api_key(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(service, dict) and isinstance(service.get("api_key"), str) and not service["api_key"].strip():
         values = {**values, "service": {k: v for k, v in service.items() if k != "api_key"}}
     return values
+
+
+def _none_words_as_none(values: dict[str, Any], prefix: str = "") -> None:
+    """`DRIFT_LANCE_INGEST__TARGET_RECALL=none` clears an optional setting, as the DRIFT section's
+    variables and `--set` do; it was "Input should be a valid number", so a None default such as
+    `store.index_cache_bytes = None` (LanceDB's own) could not be chosen from the environment."""
+    for name, value in values.items():
+        if isinstance(value, dict):
+            _none_words_as_none(value, f"{prefix}{name}.")
+        elif (isinstance(value, str) and value.strip().lower() in ("none", "null")
+              and type(None) in union_members(_annotation_of(f"{prefix}{name}"))):
+            values[name] = None
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
