@@ -240,8 +240,20 @@ def test_a_misspelt_field_name_in_the_request_caps_is_an_error(tmp_path):
     message = str(info.value)
     assert "field service.caps.fields: Value error, 'comunity_level' is no drift or local search setting; did you mean 'community_level'?" in message
     assert "field service.caps.server_only: Value error, 'concurency' is no drift or local search setting" in message
-    path.write_text('[service.caps]\nfields = {community_level = 4}\nserver_only = ["concurrency", "seed"]\n')
+    path.write_text('[service.caps]\nfields = {community_level = 4}\nserver_only = ["concurrency", "context_concurrency", "llm_timeout", "seed"]\n')
     assert Settings.load(path).service.caps.cap_for("community_level") == 4
+
+
+def test_a_resource_setting_taken_off_server_only_needs_a_cap(tmp_path):
+    """`server_only` replaces its default list: `["seed"]` alone let a request set `concurrency`
+    (LLM calls in flight) to any number."""
+    path = tmp_path / "s.toml"
+    path.write_text('[service.caps]\nserver_only = ["seed"]\n')
+    with pytest.raises(ConfigError, match=r"server_only leaves concurrency, context_concurrency, llm_timeout to requests with no cap"):
+        Settings.load(path)
+    path.write_text('[service.caps]\nserver_only = ["seed", "context_concurrency", "llm_timeout"]\nfields = {concurrency = 8}\n')
+    caps = Settings.load(path).service.caps
+    assert caps.cap_for("concurrency") == 8 and "seed" in caps.server_only
 
 
 def test_missing_file(tmp_path):

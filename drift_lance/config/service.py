@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from drift_lance.errors import did_you_mean
+
+# Search settings that spend the server's resources (LLM calls and context builds in flight, how long
+# a call may hold them) rather than shape the answer: server-side unless a cap says how far a request may go.
+RESOURCE_FIELDS = ("concurrency", "context_concurrency", "llm_timeout")
 
 
 class RequestCaps(BaseModel):
@@ -29,7 +33,7 @@ class RequestCaps(BaseModel):
     # Extra per-field caps, e.g. {"community_level": 4}.
     fields: dict[str, float] = Field(default_factory=dict)
     # Fields that stay at the server's value: they govern the server's resources, not the answer.
-    server_only: list[str] = Field(default_factory=lambda: ["concurrency", "context_concurrency", "llm_timeout"])
+    server_only: list[str] = Field(default_factory=lambda: list(RESOURCE_FIELDS))
 
     @field_validator("fields", "server_only")
     @classmethod
@@ -43,6 +47,18 @@ class RequestCaps(BaseModel):
             if name not in known:
                 raise ValueError(f"{name!r} is no drift or local search setting{did_you_mean(name, known)}")
         return value
+
+    @model_validator(mode="after")
+    def _resource_fields_stay_bounded(self) -> RequestCaps:
+        # `server_only` replaces the default list: `["seed"]` alone would let a request set
+        # `concurrency` (LLM calls in flight) to anything. A resource field taken off it needs a cap.
+        uncapped = [name for name in RESOURCE_FIELDS if name not in self.server_only and name not in self.fields]
+        if uncapped:
+            raise ValueError(
+                f"server_only leaves {', '.join(uncapped)} to requests with no cap; keep "
+                f"{'it' if len(uncapped) == 1 else 'them'} in server_only or cap {'it' if len(uncapped) == 1 else 'them'} in fields"
+            )
+        return self
 
     def cap_for(self, field: str) -> float | None:
         """The largest value a request may set `field` to, or None when it is uncapped."""
