@@ -61,6 +61,18 @@ def test_every_command_has_help(command):
     assert proc.stdout.startswith(f"usage: drift-lance {command}")
 
 
+def test_serve_help_states_the_settings_defaults():
+    # The CLI builds its parser without importing the settings models (start-up time), so the
+    # defaults in `serve --help` are written out; this keeps them the settings' own.
+    from drift_lance.config.ingest import StoreConfig
+    from drift_lance.config.service import ServiceConfig
+
+    help_text = " ".join(drift_lance("serve", "--help").stdout.split())
+    service, store = ServiceConfig(), StoreConfig()
+    assert f"(default {service.host})" in help_text and f"(default {service.port})" in help_text
+    assert f"(default {store.reload_interval_seconds:g}," in help_text
+
+
 def test_no_command_prints_usage_and_exits_2():
     proc = drift_lance()
     assert proc.returncode == 2

@@ -36,6 +36,9 @@ _DEFAULT_EMBEDDING_MODELS = {
 }
 
 
+CACHE_MAX_BYTES = 256 * 2**20  # the response cache's default bound (also ResponseCache's own)
+
+
 class ModelSettings(BaseSettings):
     """How to reach the chat model and the embedder. Fields left at "auto"/None are filled in by
     `resolve()` from the environment (see module docstring)."""
@@ -98,7 +101,7 @@ class ModelSettings(BaseSettings):
     # -- optional on-disk response cache (off when None)
     cache_dir: Path | None = Field(None, description="directory for the chat response cache")
     cache_max_bytes: int | None = Field(
-        256 * 2**20, ge=0, description="bound on the response cache's size; past it the least recently used answers "
+        CACHE_MAX_BYTES, ge=0, description="bound on the response cache's size; past it the least recently used answers "
         "are evicted (0 or None: unbounded)"
     )
     # -- embedded llama.cpp chat model

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from drift_lance.config.models import CACHE_MAX_BYTES
 from drift_lance.errors import ConfigError
 from drift_lance.models.base import (
     ChatModel,
@@ -46,7 +47,6 @@ _KEY_VERSION = 2  # 2: the endpoint is part of the key
 _DB_NAME = "responses.sqlite"
 _TABLE = "chat_responses"
 _COLUMNS = ["key", "endpoint", "model", "text", "prompt_tokens", "output_tokens", "size", "created", "last_used"]
-DEFAULT_MAX_BYTES = 256 * 2**20
 # Past the bound, eviction frees down to this share of it: it runs once per ~10% of the bound
 # stored, not on every insert.
 _EVICT_TO = 0.9
@@ -90,7 +90,7 @@ class ResponseStore:
     synchronous=NORMAL a power cut can lose the last answers stored, never the file. A cache that
     fails at run time (disk full, a lock held past the timeout) costs a model call, not the query."""
 
-    def __init__(self, directory: Path, *, max_bytes: int | None = DEFAULT_MAX_BYTES):
+    def __init__(self, directory: Path, *, max_bytes: int | None = CACHE_MAX_BYTES):
         directory = Path(directory).expanduser()
         self.path = directory / _DB_NAME
         self.max_bytes = max_bytes or None  # None: unbounded
@@ -273,7 +273,7 @@ class CachedChatModel:
     """Wraps a ChatModel with the on-disk cache. Misses go to the inner model."""
 
     def __init__(self, inner: ChatModel, cache_dir: Path, *, endpoint: str | None = None,
-                 max_bytes: int | None = DEFAULT_MAX_BYTES):
+                 max_bytes: int | None = CACHE_MAX_BYTES):
         self.inner = inner
         self.model_id = inner.model_id
         self.endpoint = endpoint or model_endpoint(inner)
