@@ -60,10 +60,19 @@ def normalize_query(query: str) -> str:
     return " ".join(query.split()).casefold()
 
 
+# Follow-up questions kept per answer, at least: a bound against a model that lists without end, not
+# a choice of questions (graphrag keeps every one, and the primer prompt asks for "at least" k).
+_FOLLOW_UPS_KEPT = 100
+
+
+def follow_ups_kept(drift_k_followups: int) -> int:
+    """How many of one answer's follow-up questions join the graph: the first max(k, 100). A model
+    listing 10^5 per answer made 10^6 graph nodes in two epochs (3 GB, the event loop held 25 s)."""
+    return max(drift_k_followups, _FOLLOW_UPS_KEPT)
+
+
 def _questions(proposed: Iterable[str], limit: int | None) -> list[str]:
-    """The first `limit` non-blank questions, stripped. The prompts ask for up to (primer: at least)
-    drift_k_followups; a model that lists 10^5 made 10^6 graph nodes in two epochs (3 GB, the
-    event loop held for 25 s)."""
+    """The first `limit` non-blank questions, stripped."""
     questions = (q.strip() for q in proposed if q and q.strip())
     return list(itertools.islice(questions, limit))
 

@@ -17,7 +17,7 @@ import polars as pl
 
 from drift_lance import schema
 from drift_lance.config.drift import DRIFTSearchConfig
-from drift_lance.drift.action import DriftAction, PrimerFoldAnswer
+from drift_lance.drift.action import DriftAction, PrimerFoldAnswer, follow_ups_kept
 from drift_lance.drift.llm import BoundedChat
 from drift_lance.drift.prompts import DriftPrompts
 from drift_lance.errors import EmbeddingMismatchError
@@ -128,7 +128,7 @@ class DRIFTPrimer:
                 "hyde_query": hyde_text,
                 **({"fold_errors": errors} if errors else {}),
             },
-            max_follow_ups=self.config.drift_k_followups,
+            max_follow_ups=follow_ups_kept(self.config.drift_k_followups),
         )
         return PrimerOutcome(root, reports, hyde_text, hyde_usage, primer_usage, errors, hyde_fell_back)
 

@@ -26,7 +26,7 @@ from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.config.ingest import StoreConfig
 from drift_lance.config.local import LocalSearchConfig
 from drift_lance.config.models import ModelSettings
-from drift_lance.drift.action import ActionAnswer, DriftAction
+from drift_lance.drift.action import ActionAnswer, DriftAction, follow_ups_kept
 from drift_lance.drift.callbacks import DriftCallbacks, as_callback_list, emit
 from drift_lance.drift.llm import BoundedChat
 from drift_lance.drift.primer import DRIFTPrimer, check_embedder, failed_call_usage
@@ -361,7 +361,7 @@ class DRIFTSearch:
             action.record_usage(llm_calls=usage.calls, prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
             if not isinstance(result.parsed, ActionAnswer):
                 raise ValueError("the model returned no structured answer")
-            action.apply_answer(result.parsed, max_follow_ups=cfg.drift_k_followups)
+            action.apply_answer(result.parsed, max_follow_ups=follow_ups_kept(cfg.drift_k_followups))
         except asyncio.CancelledError as exc:  # the time budget or the whole query: the call was made
             self._count_failed_call(action, exc, llm_started)
             raise
