@@ -183,6 +183,7 @@ def test_every_response_is_one_the_document_declares_with_every_field_it_sends_r
             ("/readyz", "get", client.get("/readyz")),
             ("/v1/index", "get", client.get("/v1/index", headers=key)),
             ("/v1/index", "get", client.get("/v1/index")),
+            ("/metrics", "get", client.get("/metrics")),
             ("/v1/admin/reload", "post", client.post("/v1/admin/reload", headers=key)),
             ("/v1/search", "post", client.post("/v1/search", headers=key, json={"query": "Who restored the lighthouse?"})),
             ("/v1/search", "post", client.post("/v1/search", headers=key, json={"query": "q", "method": "local"})),
@@ -216,7 +217,7 @@ def test_index_health_and_readiness(server):
     operations = {(path, method): op["operationId"] for path, ops in schema["paths"].items() for method, op in ops.items()}
     assert operations == {("/healthz", "get"): "healthz", ("/readyz", "get"): "readyz", ("/v1/index", "get"): "get_index",
                           ("/v1/search", "post"): "search", ("/v1/search/stream", "post"): "search_stream",
-                          ("/v1/admin/reload", "post"): "reload_index"}
+                          ("/v1/admin/reload", "post"): "reload_index", ("/metrics", "get"): "metrics"}
 
 
 def test_openapi_gives_config_the_fields_of_the_request_method(server):
@@ -714,6 +715,8 @@ def test_auth_required_when_api_key_set_from_environment(service_db, live_server
         huge = client.post("/v1/search", content=b"x" * 200_000, headers={"content-type": "application/json"})
         unknown = client.get("/v1/nothing-here")
         schema_with_key = client.get("/openapi.json", headers={"Authorization": "Bearer s3cret"})
+        metrics, metrics_with_key = client.get("/metrics"), client.get("/metrics", headers={"Authorization": "Bearer s3cret"})
+    assert metrics.status_code == 401 and metrics_with_key.status_code == 200
     assert bad_json.status_code == huge.status_code == unknown.status_code == 401
     assert schema_with_key.status_code == 200 and "HTTPBearer" in schema_with_key.json()["components"]["securitySchemes"]
     assert missing.status_code == 401 and missing.headers["WWW-Authenticate"] == "Bearer"
@@ -1374,3 +1377,114 @@ def test_schema_fuzzing_finds_no_server_errors(service_settings, live_server):
             check()
     assert not failures, "\n".join(failures[:5])
     assert {200, 422} <= statuses, "the generated requests should include valid and rejected ones"
+
+
+# --------------------------------------------------------------------------------------- metrics
+
+
+def scrape(client: httpx.Client) -> dict[tuple[str, frozenset], float]:
+    """/metrics parsed: {(sample name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4"), r.text
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(r.text) for sample in family.samples}
+
+
+def moved(before: dict, after: dict, name: str, **labels: str) -> float:
+    key = (name, frozenset(labels.items()))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_metrics_count_searches_outcomes_rejections_and_llm_usage_by_stage(service_settings, live_server):
+    """An operator's dashboard and alerts: searches started, ended by outcome, refused with 429,
+    degraded, their LLM calls and tokens per stage as the results report them, failed model calls
+    by kind, the served generation, reloads, open streams and in-flight searches; every label from
+    a fixed set, none carrying what a client sent."""
+    from drift_lance.models.base import ModelRequestError
+
+    failing = {"actions": False}
+
+    def answer(messages, params, response_model):
+        if any("FAIL-ME" in m.content for m in messages):
+            return ModelRequestError("chat model at http://10.1.2.3/v1 failed: timed out", failure="timeout")
+        if failing["actions"] and response_model is ActionAnswer:
+            return ModelRequestError("chat model failed: HTTP 500", status=500)
+        return drift_responder(messages, params, response_model)
+
+    from drift_lance.testing import ScriptedChatModel
+
+    model = GatedChatModel(ScriptedChatModel(answer, model_id="scripted"))
+    srv = start(live_server, service_settings.with_updates({"service.max_concurrent_searches": 1}), model)
+    queries = ["Who restored the lighthouse?", "Who leads the squad?", "FAIL-ME please", "What happened at the pier?"]
+    results = []
+    with srv.client() as client:
+        before = scrape(client)
+        with client.stream("POST", "/v1/search/stream", json={"query": queries[0]}) as stream:
+            assert model.started.wait(30), "the streamed search never reached the model"
+            during = scrape(client)
+            busy = [client.post("/v1/search", json={"query": queries[1]}),
+                    client.post("/v1/search/stream", json={"query": queries[1], "method": "local"})]
+            model.release()
+            results.append(read_sse(stream)[-1][1])
+        results.append(client.post("/v1/search", json={"query": queries[1], "method": "local"}).json())
+        failed = client.post("/v1/search", json={"query": queries[2], "method": "local"})
+        with client.stream("POST", "/v1/search/stream", json={"query": queries[2], "method": "local"}) as stream:
+            failed_stream = read_sse(stream)[-1]
+        failing["actions"] = True
+        degraded = client.post("/v1/search", json={"query": queries[3]}).json()
+        results.append(degraded)
+        reload = client.post("/v1/admin/reload")
+        after = scrape(client)
+    assert [r.status_code for r in busy] == [429, 429] and failed.status_code == 502 and reload.status_code == 200
+    assert failed_stream[0] == "error" and failed_stream[1]["error"]["code"] == "model_error"
+    assert during[("drift_lance_searches_in_flight", frozenset())] == 1
+    assert during[("drift_lance_sse_streams_open", frozenset())] == 1
+    assert after[("drift_lance_searches_in_flight", frozenset())] == 0
+    assert after[("drift_lance_search_slots", frozenset())] == 1
+    assert after[("drift_lance_index_generation", frozenset())] == 1
+    assert moved(before, after, "drift_lance_index_reloads_total", outcome="unchanged") == 1
+
+    assert moved(before, after, "drift_lance_searches_started_total", method="drift") == 2
+    assert moved(before, after, "drift_lance_searches_started_total", method="local") == 3
+    assert moved(before, after, "drift_lance_searches_rejected_total", method="drift") == 1
+    assert moved(before, after, "drift_lance_searches_rejected_total", method="local") == 1
+    assert moved(before, after, "drift_lance_searches_finished_total", method="drift", outcome="ok") == 2
+    assert moved(before, after, "drift_lance_searches_finished_total", method="local", outcome="ok") == 1
+    assert moved(before, after, "drift_lance_searches_finished_total", method="local", outcome="model_error") == 2
+    assert moved(before, after, "drift_lance_model_failures_total", kind="timeout") == 2  # blocking and streamed
+    assert moved(before, after, "drift_lance_search_duration_seconds_count", method="drift") == 2
+    assert moved(before, after, "drift_lance_search_duration_seconds_count", method="local") == 3
+    assert moved(before, after, "drift_lance_search_duration_seconds_bucket", method="drift", le="+Inf") == 2
+
+    assert degraded["failures"] > 0 and degraded["failures_categories"]["action"] > 0
+    assert moved(before, after, "drift_lance_searches_degraded_total", method="drift") == 1
+    assert moved(before, after, "drift_lance_searches_degraded_total", method="local") == 0
+    assert moved(before, after, "drift_lance_search_step_failures_total", method="drift", stage="action") == \
+        degraded["failures_categories"]["action"]
+    # each failed follow-up's model call, counted by its kind, though the search was answered
+    assert moved(before, after, "drift_lance_model_failures_total", kind="status") == degraded["failures_categories"]["action"]
+    for name, field in (("llm_calls", "llm_calls_categories"), ("llm_prompt_tokens", "prompt_tokens_categories"),
+                        ("llm_output_tokens", "output_tokens_categories")):
+        for method, answered in (("drift", [results[0], results[2]]), ("local", [results[1]])):
+            expected: dict[str, int] = {}
+            for result in answered:
+                for stage, count in result[field].items():
+                    expected[stage] = expected.get(stage, 0) + count
+            assert sum(expected.values()) > 0, (name, method, expected)
+            assert {stage: moved(before, after, f"drift_lance_{name}_total", method=method, stage=stage)
+                    for stage in expected} == expected
+
+    labels = {(name, key) for (name, labelset) in after for key, _ in labelset if name.startswith("drift_lance_")}
+    assert {key for _, key in labels} <= {"method", "outcome", "stage", "kind", "le", "version"}, labels
+    values = {value for (_, labelset) in after for _, value in labelset}
+    assert not {value for value in values for query in queries if query in value or value in query and len(value) > 3}
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"} <= {name for name, _ in after}
+
+
+def test_metrics_can_be_turned_off(service_settings, live_server):
+    srv = start(live_server, service_settings.with_updates({"service.metrics": False}))
+    with srv.client() as client:
+        assert client.get("/metrics").status_code == 404
+        assert "/metrics" not in client.get("/openapi.json").json()["paths"]

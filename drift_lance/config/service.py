@@ -101,6 +101,8 @@ class ServiceConfig(BaseModel):
     shutdown_grace_seconds: float = Field(30.0, ge=0)
     # SSE comment line sent when no event was emitted for this long, so proxies keep the stream open.
     sse_keepalive_seconds: float = Field(15.0, gt=0)
+    # Serve GET /metrics (Prometheus); behind api_key like every route but the probes.
+    metrics: bool = True
 
     @field_validator("host")
     @classmethod

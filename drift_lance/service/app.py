@@ -1,7 +1,7 @@
-"""The FastAPI app: search (blocking and SSE), index manifest, health, readiness.
+"""The FastAPI app: search (blocking and SSE), index manifest, health, readiness, metrics.
 
 Auth: when `service.api_key` (or DRIFT_LANCE_API_KEY) is set, every route except /healthz and
-/readyz — including /openapi.json and unknown paths — needs `Authorization: Bearer <key>`, checked
+/readyz — including /openapi.json, /metrics and unknown paths — needs `Authorization: Bearer <key>`, checked
 before anything of the request is read. Probes stay open because
 load balancers and orchestrators call them without credentials; they reveal nothing about the index.
 """
@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
+from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from drift_lance import __version__
@@ -32,6 +34,7 @@ from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, cancelled_by_shutdown, error_responses, install_error_handlers
 from drift_lance.service.events import add_stream_events
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
+from drift_lance.service.metrics import ServiceMetrics
 from drift_lance.service.request_id import RequestIds, declare_request_ids, install_log_request_ids
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
 from drift_lance.store import Manifest
@@ -138,6 +141,26 @@ class _ServiceState:
         self.request_caps = cfg.caps.model_copy(update={"fields": {"time_budget": cfg.search_timeout_seconds, **cfg.caps.fields}})
         self.startup: asyncio.Task | None = None
         self.startup_error: str = ""
+        self.metrics = ServiceMetrics(generation=self._served_generation, in_flight=lambda: self.slots.in_use,
+                                      slots=cfg.max_concurrent_searches)
+        # Optional backend hooks, like `reload`.
+        if (observe_reloads := getattr(backend, "observe_reloads", None)) is not None:
+            observe_reloads(lambda outcome: self.metrics.reloads.labels(outcome).inc())
+        if (count_model_failures := getattr(backend, "count_model_failures", None)) is not None:
+            count_model_failures(self.metrics.model_failures)
+
+    def _served_generation(self) -> int | None:
+        return self.backend.manifest().generation if self.backend.readiness().store else None
+
+    def start_search(self, method: Method) -> float:
+        """Take a search slot (429 when none is free), counted; the search's start time."""
+        try:
+            self.slots.acquire()
+        except ApiError:
+            self.metrics.rejected.labels(method).inc()
+            raise
+        self.metrics.started.labels(method).inc()
+        return time.perf_counter()
 
     def ready_status(self) -> ReadyStatus:
         r = self.backend.readiness()
@@ -208,6 +231,8 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
     app.include_router(_probe_routes(state))
     app.include_router(_api_routes(state), dependencies=declare_auth)
     app.include_router(_admin_routes(state), dependencies=declare_auth)
+    if settings.service.metrics:
+        app.include_router(_metrics_routes(state), dependencies=declare_auth)
 
     generate_openapi = app.openapi
 
@@ -408,17 +433,23 @@ def _api_routes(state: _ServiceState) -> APIRouter:
     )
     async def search(body: SearchRequest, request: Request) -> Response:
         method, config = _validated(state, body)
-        state.slots.acquire()
+        started = state.start_search(method)
+        outcome, result = "cancelled", None  # what a cancelled request (shutdown) ends as
         try:
             task = asyncio.create_task(state.backend.search(body.query, method, config))
             state.slots.track(task)
             result = await _await_unless_disconnected(task, request, cfg.search_timeout_seconds)
-        except ApiError:
+            outcome = "ok"
+        except ApiError as exc:
+            outcome = exc.code
             raise
         except Exception as exc:  # noqa: BLE001 - mapped to a JSON error
-            raise _map_search_error(exc) from exc
+            mapped = _map_search_error(exc)
+            outcome = mapped.code
+            raise mapped from exc
         finally:
             state.slots.release()
+            state.metrics.search_ended(method, started, outcome, result)
         if not body.include_context:
             result = result.model_copy(update={"context_data": {}, "context_text": ""})
         return JSONResponse(_public_result(result.model_dump(mode="json")))
@@ -440,7 +471,7 @@ def _api_routes(state: _ServiceState) -> APIRouter:
     )
     async def search_stream(body: SearchRequest) -> Response:
         method, config = _validated(state, body)
-        state.slots.acquire()
+        started = state.start_search(method)
         stream = SearchEventStream(
             lambda sink: state.backend.search(body.query, method, config, sink),
             timeout=cfg.search_timeout_seconds,
@@ -448,8 +479,9 @@ def _api_routes(state: _ServiceState) -> APIRouter:
             map_error=_map_search_error,
             on_finish=state.slots.release,
             track=state.slots.track,
+            on_end=lambda outcome, result: state.metrics.search_ended(method, started, outcome, result),
         )
-        return _AsgiResponse(stream)
+        return _AsgiResponse(stream, open_streams=state.metrics.streams_open)
 
     return router
 
@@ -502,15 +534,41 @@ def _admin_routes(state: _ServiceState) -> APIRouter:
     return router
 
 
-class _AsgiResponse(Response):
-    """Lets a route return a raw ASGI app (the SSE stream) as its response."""
+def _metrics_routes(state: _ServiceState) -> APIRouter:
+    router = APIRouter(tags=["metrics"])
 
-    def __init__(self, app: SearchEventStream):
+    @router.get(
+        "/metrics",
+        operation_id="metrics",
+        summary="Prometheus metrics",
+        description="Searches, their outcomes, durations, LLM calls and tokens per stage, the served index "
+        "generation, reloads, open streams and the process's own metrics, in Prometheus' text format (or "
+        "OpenMetrics when the Accept header asks for it). Needs the API key when one is set.",
+        response_class=Response,  # the 200 is text, its errors JSON
+        responses={200: {"content": {kind: {"schema": {"type": "string"}}
+                                     for kind in ("text/plain", "application/openmetrics-text")},
+                         "description": "The metrics"},
+                   **error_responses(401)},
+    )
+    async def metrics(request: Request) -> Response:
+        body, content_type = state.metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
+
+    return router
+
+
+class _AsgiResponse(Response):
+    """Lets a route return a raw ASGI app (the SSE stream) as its response; `open_streams` counts
+    the ones being sent."""
+
+    def __init__(self, app: SearchEventStream, open_streams: Gauge):
         super().__init__(media_type=app.media_type)
         self._app = app
+        self._open_streams = open_streams
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
-        await self._app(scope, receive, send)
+        with self._open_streams.track_inprogress():
+            await self._app(scope, receive, send)
 
 
 def _validated(state: _ServiceState, body: SearchRequest) -> tuple[Method, Any]:

@@ -70,4 +70,6 @@ class SearchBackend(Protocol):
     async def close(self) -> None: ...
 
     # Optional: `async def reload() -> generations.ReloadResult` switches to the newest ingested
-    # generation (POST /v1/admin/reload answers 501 for a backend without it).
+    # generation (POST /v1/admin/reload answers 501 for a backend without it);
+    # `def observe_reloads(callback: Callable[[str], None])` tells the metrics each reload's outcome;
+    # `def count_model_failures(counter)` counts the chat model's failed calls by kind.

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from prometheus_client import Counter
 from pydantic import BaseModel
 
 from drift_lance._gc import freeze_long_lived_objects
@@ -27,6 +28,7 @@ from drift_lance.service.backend import EventSink, Method, Readiness
 from drift_lance.service.errors import ApiError
 from drift_lance.service.events import ActionEvent, PrimerEvent, TokenEvent, search_event
 from drift_lance.service.generations import ReloadResult, ServingStores, same_manifest
+from drift_lance.service.metrics import CountedChat
 from drift_lance.store import IndexStore, Manifest
 
 
@@ -54,6 +56,7 @@ class EngineBackend:
         self._reload_task: asyncio.Task | None = None
         self._models_ready = chat_model is not None and embedder is not None
         self._built_models: list[object] = []  # built in start(), closed in close()
+        self._model_failures: Counter | None = None
 
     async def start(self) -> None:
         from drift_lance.models.registry import get_chat_model, get_embedder
@@ -71,6 +74,8 @@ class EngineBackend:
             self._embedder = await asyncio.to_thread(get_embedder, self.settings.models)
             self._built_models.append(self._embedder)
         self._check_serveable()
+        if self._model_failures is not None and not isinstance(self._chat, CountedChat):
+            self._chat = CountedChat(self._chat, self._model_failures)
         self._models_ready = True
         freeze_long_lived_objects()  # no 0.1 s full collections of start-up objects mid-search
 
@@ -129,6 +134,17 @@ class EngineBackend:
         if self._stores is None:
             return [self.manifest().generation] if self._fixed_store is not None else []
         return self._stores.open_generations()
+
+    def count_model_failures(self, failures: Counter) -> None:
+        """Count the chat model's calls that fail for good in `failures`, by kind (from start())."""
+        self._model_failures = failures
+
+    def observe_reloads(self, callback: Callable[[str], None]) -> None:
+        """Tell `callback` the outcome of every reload check (periodic, asked for, or after a
+        deleted generation): "switched", "unchanged" or "failed". A store given by the caller is
+        never reloaded."""
+        if self._stores is not None:
+            self._stores.on_reload = callback
 
     async def reload(self) -> ReloadResult:
         """Switch to the newest complete manifest generation, if newer than the one served."""

@@ -50,6 +50,7 @@ class ServingStores:
         self._leases: dict[int, int] = {}  # id(store) -> searches running on it
         self._retired: dict[int, Any] = {}  # id(store) -> store waiting for its last lease
         self._reload_lock = asyncio.Lock()
+        self.on_reload: Callable[[str], None] | None = None  # told each check's outcome: switched, unchanged, failed
 
     @property
     def current(self) -> Any:
@@ -100,6 +101,19 @@ class ServingStores:
 
     async def reload(self) -> ReloadResult:
         """Switch to the newest complete generation if it is newer than the current one."""
+        try:
+            result = await self._reload()
+        except Exception:
+            self._tell("failed")
+            raise
+        self._tell("switched" if result.switched else "unchanged")
+        return result
+
+    def _tell(self, outcome: str) -> None:
+        if self.on_reload is not None:
+            self.on_reload(outcome)
+
+    async def _reload(self) -> ReloadResult:
         async with self._reload_lock:
             current = self._current
             if current is None:

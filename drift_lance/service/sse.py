@@ -25,6 +25,9 @@ log = logging.getLogger("drift_lance.service")
 
 SearchRunner = Callable[[EventSink], Awaitable[SearchResult]]
 ErrorMapper = Callable[[BaseException], ApiError]
+# Called once when the search ends, with "ok" and its result, or with the error code the client
+# was sent (or would have been: "client_closed" when it left) and None.
+EndObserver = Callable[[str, SearchResult | None], None]
 
 
 def format_event(event: str, data: Any, event_id: int) -> bytes:
@@ -56,6 +59,7 @@ class SearchEventStream:
         on_finish: Callable[[], None],
         track: Callable[[asyncio.Task], None],
         stall_grace: float = 10.0,
+        on_end: EndObserver | None = None,
     ):
         self._run = run
         self._timeout = timeout
@@ -64,6 +68,7 @@ class SearchEventStream:
         self._map_error = map_error
         self._on_finish = on_finish
         self._track = track
+        self._on_end = on_end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         released = False
@@ -73,6 +78,14 @@ class SearchEventStream:
             if not released:
                 released = True
                 self._on_finish()
+
+        ended = False
+
+        def end(outcome: str, result: SearchResult | None = None) -> None:
+            nonlocal ended
+            if not ended and self._on_end is not None:
+                self._on_end(outcome, result)
+            ended = True
 
         queue: asyncio.Queue[SearchEvent] = asyncio.Queue()
         search = asyncio.create_task(self._run(queue.put_nowait))
@@ -94,21 +107,23 @@ class SearchEventStream:
                         ],
                     }
                 )
-                await self._pump(queue, search, gone, send, release)
+                await self._pump(queue, search, gone, send, release, end)
         except OSError:
-            pass  # the client went away mid-write; the finally cancels the search
+            end("client_closed")  # the client went away mid-write; the finally cancels the search
         except TimeoutError:
             log.warning("a stream's client stopped reading; dropping the stream and cancelling its search")
+            end("timeout")
         finally:
             gone.cancel()
             if not search.done():
                 search.cancel()
             await asyncio.gather(search, gone, return_exceptions=True)
             release()
+            end("cancelled")  # the stream itself was cancelled (shutdown)
 
     async def _pump(
         self, queue: asyncio.Queue[SearchEvent], search: asyncio.Task, gone: asyncio.Task, send: Send,
-        release: Callable[[], None],
+        release: Callable[[], None], end: Callable[..., None],
     ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
@@ -126,6 +141,7 @@ class SearchEventStream:
             if gone in done:  # before the queue: events a departed client had not taken go nowhere
                 getter.cancel()
                 log.info("client disconnected; cancelling its search")
+                end("client_closed")
                 return
             if getter in done:
                 event = getter.result()
@@ -137,21 +153,27 @@ class SearchEventStream:
             if loop.time() >= deadline:
                 log.warning("search timed out after %gs; cancelling it and its model calls", self._timeout)
                 err = ApiError(504, "timeout", f"search exceeded {self._timeout:g}s")
+                end(err.code)
                 await emit("error", err.payload())
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
             await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
 
-        # The search finished: its slot is free before the client can see the stream end. Then flush
-        # the events it queued, and the final event.
+        # The search finished: its slot is free, and its end counted, before the client can see the
+        # stream end. Then flush the events it queued, and the final event.
         release()
+        if search.cancelled():  # e.g. the server is shutting down past its grace period
+            final = ("error", cancelled_by_shutdown("search").payload())
+            end("cancelled")
+        elif (exc := search.exception()) is None:
+            final = ("done", done_event(search.result()))
+            end("ok", search.result())
+        else:
+            err = self._map_error(exc)
+            final = ("error", err.payload())
+            end(err.code)
         while not queue.empty() and not gone.done():
             event = queue.get_nowait()
             await emit(event.event, event.data)
-        if search.cancelled():  # e.g. the server is shutting down past its grace period
-            await emit("error", cancelled_by_shutdown("search").payload())
-        elif (exc := search.exception()) is None:
-            await emit("done", done_event(search.result()))
-        else:
-            await emit("error", self._map_error(exc).payload())
+        await emit(*final)
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,176 @@
+"""Prometheus metrics of one service app (`GET /metrics`).
+
+Each app has its own CollectorRegistry (never prometheus_client's global one), so several apps in
+one process, as in tests or an embedding application, count separately. Labels take values from
+small fixed sets only (the search method, a pipeline stage, an error code, a failure kind): never
+the query, a request id or anything else a client chooses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from drift_lance import __version__
+from drift_lance.drift.result import SearchResult
+from drift_lance.models.base import (
+    ChatModel, ChatParams, ChatResult, ChatStream, EmptyAnswerError, GeneratorStream, Message, ModelError,
+    ModelRequestError, StructuredOutputError,
+)
+
+METHODS = ("drift", "local")
+# From a DRIFT primer of a second to a search that runs into the default 300 s search timeout.
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 240, 300)
+
+
+def model_failure_kind(exc: ModelError) -> str:
+    """A model failure's kind, for a label: ModelRequestError's `failure` (status, timeout,
+    connection, malformed, too_large, other), `structured_output`, `empty_answer` or `model_error`."""
+    if isinstance(exc, ModelRequestError):
+        return exc.failure
+    if isinstance(exc, StructuredOutputError):
+        return "structured_output"
+    if isinstance(exc, EmptyAnswerError):
+        return "empty_answer"
+    return "model_error"
+
+
+class CountedChat:
+    """A chat model whose calls that fail for good (after the model's own retries) are counted by
+    kind. Everything else (`model_id`, `n_ctx`, ...) is the model's."""
+
+    def __init__(self, model: ChatModel, failures: Counter):
+        self._model = model  # not `model`: a model's own attribute of that name stays visible
+        self._failures = failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def count(self, exc: ModelError) -> None:
+        self._failures.labels(model_failure_kind(exc)).inc()
+
+    async def complete(self, messages: Sequence[Message], *, params: ChatParams | None = None,
+                       response_model: Any = None) -> ChatResult:
+        try:
+            return await self._model.complete(messages, params=params, response_model=response_model)
+        except ModelError as exc:
+            self.count(exc)
+            raise
+
+    def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> ChatStream:
+        return _CountedStream(self, self._model.stream(messages, params=params))
+
+
+class _CountedStream(GeneratorStream):
+    def __init__(self, chat: CountedChat, inner: ChatStream):
+        super().__init__()
+        self._chat = chat
+        self._inner = inner
+
+    async def _run(self) -> AsyncIterator[str]:
+        try:
+            async for delta in self._inner:
+                yield delta
+        except ModelError as exc:
+            self._chat.count(exc)
+            raise
+        finally:
+            await self._inner.aclose()
+        self.usage = self._inner.usage
+
+
+class ServiceMetrics:
+    """The service's metrics on their own registry. `generation` reads the served manifest
+    generation (None while no store is open) and `in_flight` the running searches, at scrape time."""
+
+    def __init__(self, *, generation: Callable[[], int | None], in_flight: Callable[[], int], slots: int):
+        self.registry = registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        Info("drift_lance_build", "drift-lance version", registry=registry).info({"version": __version__})
+
+        self.started = Counter("drift_lance_searches_started", "Searches that got a slot and started",
+                               ["method"], registry=registry)
+        self.finished = Counter("drift_lance_searches_finished",
+                                "Searches that ended, by outcome: ok, or the error code the client got",
+                                ["method", "outcome"], registry=registry)
+        self.duration = Histogram("drift_lance_search_duration_seconds", "Wall time of a search, from its start to its end",
+                                  ["method"], buckets=DURATION_BUCKETS, registry=registry)
+        self.rejected = Counter("drift_lance_searches_rejected", "Searches refused with 429: every slot was taken",
+                                ["method"], registry=registry)
+        self.degraded = Counter("drift_lance_searches_degraded",
+                                "Searches answered without some of their steps (result.failures > 0)",
+                                ["method"], registry=registry)
+        self.step_failures = Counter("drift_lance_search_step_failures",
+                                     "Steps an answered search had to do without, by stage", ["method", "stage"],
+                                     registry=registry)
+        self.llm_calls = Counter("drift_lance_llm_calls", "LLM calls of answered searches, by stage",
+                                 ["method", "stage"], registry=registry)
+        self.prompt_tokens = Counter("drift_lance_llm_prompt_tokens", "Prompt tokens of answered searches, by stage",
+                                     ["method", "stage"], registry=registry)
+        self.output_tokens = Counter("drift_lance_llm_output_tokens", "Output tokens of answered searches, by stage",
+                                     ["method", "stage"], registry=registry)
+        self.model_failures = Counter("drift_lance_model_failures",
+                                      "Chat model calls that failed for good (after retries), by the failure's kind",
+                                      ["kind"], registry=registry)
+        self.reloads = Counter("drift_lance_index_reloads",
+                               "Checks for a newer index generation, by outcome: switched, unchanged, failed",
+                               ["outcome"], registry=registry)
+        self.streams_open = Gauge("drift_lance_sse_streams_open", "Server-Sent Events streams being sent",
+                                  registry=registry)
+        Gauge("drift_lance_searches_in_flight", "Searches running now", registry=registry).set_function(in_flight)
+        Gauge("drift_lance_search_slots", "Searches that may run at once (max_concurrent_searches)",
+              registry=registry).set(slots)
+        registry.register(_GenerationCollector(generation))
+        for method in METHODS:  # series exist from the start, so rate() and absent() work at once
+            for metric in (self.started, self.rejected, self.degraded, self.duration):
+                metric.labels(method)
+            self.finished.labels(method, "ok")
+        for outcome in ("switched", "unchanged", "failed"):
+            self.reloads.labels(outcome)
+
+    def search_ended(self, method: str, started: float, outcome: str, result: SearchResult | None = None) -> None:
+        """Count a search that ended with `outcome` ("ok" and its result, or the error code sent);
+        `started` is its time.perf_counter() at start."""
+        self.duration.labels(method).observe(time.perf_counter() - started)
+        self.finished.labels(method, outcome).inc()
+        if result is None:
+            return
+        for counter, per_stage in ((self.llm_calls, result.llm_calls_categories),
+                                   (self.prompt_tokens, result.prompt_tokens_categories),
+                                   (self.output_tokens, result.output_tokens_categories),
+                                   (self.step_failures, result.failures_categories)):
+            for stage, count in per_stage.items():  # a stage that made no call too: its series exists
+                counter.labels(method, stage).inc(count)
+        if result.failures > 0:
+            self.degraded.labels(method).inc()
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """The metrics and their content type, in the format the `Accept` header asks for
+        (Prometheus' text format, or OpenMetrics)."""
+        encode, content_type = choose_encoder(accept or "")
+        return encode(self.registry), content_type
+
+
+class _GenerationCollector(Collector):
+    """The served manifest generation, read at scrape time; no sample while no store is open."""
+
+    def __init__(self, generation: Callable[[], int | None]):
+        self._generation = generation
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("drift_lance_index_generation", "Manifest generation new searches are served from")
+        served = self._generation()
+        if served is not None:
+            family.add_metric([], served)
+        yield family
