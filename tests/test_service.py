@@ -717,6 +717,8 @@ def test_auth_required_when_api_key_set_from_environment(service_db, live_server
         schema_with_key = client.get("/openapi.json", headers={"Authorization": "Bearer s3cret"})
         metrics, metrics_with_key = client.get("/metrics"), client.get("/metrics", headers={"Authorization": "Bearer s3cret"})
     assert metrics.status_code == 401 and metrics_with_key.status_code == 200
+    # refused requests are counted: missing, wrong, bad_json, huge
+    assert 'drift_lance_http_requests_total{route="/v1/search",status="401"} 4.0' in metrics_with_key.text
     assert bad_json.status_code == huge.status_code == unknown.status_code == 401
     assert schema_with_key.status_code == 200 and "HTTPBearer" in schema_with_key.json()["components"]["securitySchemes"]
     assert missing.status_code == 401 and missing.headers["WWW-Authenticate"] == "Bearer"
@@ -1435,10 +1437,19 @@ def test_metrics_count_searches_outcomes_rejections_and_llm_usage_by_stage(servi
         failing["actions"] = True
         degraded = client.post("/v1/search", json={"query": queries[3]}).json()
         results.append(degraded)
+        unknown = client.get(f"/v1/{queries[0]}")  # a path the service does not serve counts as `other`
         reload = client.post("/v1/admin/reload")
+        client.get("/healthz")  # a request is counted once it is answered: this one need not be yet
         after = scrape(client)
     assert [r.status_code for r in busy] == [429, 429] and failed.status_code == 502 and reload.status_code == 200
     assert failed_stream[0] == "error" and failed_stream[1]["error"]["code"] == "model_error"
+    assert unknown.status_code == 404
+    answers = {(route, status): moved(before, after, "drift_lance_http_requests_total", route=route, status=status)
+               for (name, labelset) in after if name == "drift_lance_http_requests_total"
+               for route, status in [(dict(labelset)["route"], dict(labelset)["status"])]}
+    assert {answer: count for answer, count in answers.items() if count and answer[0] != "/healthz"} == {
+        ("/metrics", "200"): 2, ("/v1/admin/reload", "200"): 1, ("/v1/search/stream", "200"): 2, ("/v1/search/stream", "429"): 1,
+        ("/v1/search", "200"): 2, ("/v1/search", "429"): 1, ("/v1/search", "502"): 1, ("other", "404"): 1}
     assert during[("drift_lance_searches_in_flight", frozenset())] == 1
     assert during[("drift_lance_sse_streams_open", frozenset())] == 1
     assert after[("drift_lance_searches_in_flight", frozenset())] == 0
@@ -1477,9 +1488,9 @@ def test_metrics_count_searches_outcomes_rejections_and_llm_usage_by_stage(servi
                     for stage in expected} == expected
 
     labels = {(name, key) for (name, labelset) in after for key, _ in labelset if name.startswith("drift_lance_")}
-    assert {key for _, key in labels} <= {"method", "outcome", "stage", "kind", "le", "version"}, labels
+    assert {key for _, key in labels} <= {"method", "outcome", "stage", "kind", "le", "version", "route", "status"}, labels
     values = {value for (_, labelset) in after for _, value in labelset}
-    assert not {value for value in values for query in queries if query in value or value in query and len(value) > 3}
+    assert not {value for value in values for word in ("lighthouse", "squad", "FAIL-ME", "pier") if word in value}
     assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"} <= {name for name, _ in after}
 
 

@@ -34,7 +34,7 @@ from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, cancelled_by_shutdown, error_responses, install_error_handlers
 from drift_lance.service.events import add_stream_events
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
-from drift_lance.service.metrics import ServiceMetrics
+from drift_lance.service.metrics import CountRequests, ServiceMetrics
 from drift_lance.service.request_id import RequestIds, declare_request_ids, install_log_request_ids
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
 from drift_lance.store import Manifest
@@ -42,6 +42,7 @@ from drift_lance.store import Manifest
 log = logging.getLogger("drift_lance.service")
 
 OPEN_PATHS = ("/healthz", "/readyz")
+ROUTES = (*OPEN_PATHS, "/v1/search", "/v1/search/stream", "/v1/index", "/v1/admin/reload", "/metrics", "/openapi.json")
 
 
 def _override_properties(model: type[BaseModel], server_only: list[str] | None = None) -> dict[str, Any]:
@@ -225,7 +226,8 @@ def create_app(settings: Settings, *, backend: SearchBackend | None = None) -> F
                        read_timeout=settings.service.request_read_timeout_seconds)
     app.add_middleware(_RequireApiKey, state=state)  # before any body is read
     install_log_request_ids()
-    app.add_middleware(RequestIds)  # outermost: every response, a 401 too, carries its id
+    app.add_middleware(RequestIds)  # every response, a 401 too, carries its id
+    app.add_middleware(CountRequests, metrics=state.metrics, routes=ROUTES)  # outermost: a bug's 500 counted too
 
     declare_auth = [Security(_bearer)]  # the OpenAPI security scheme; _RequireApiKey enforces it
     app.include_router(_probe_routes(state))

@@ -126,6 +126,9 @@ class ServiceMetrics:
         self.reloads = Counter("drift_lance_index_reloads",
                                "Checks for a newer index generation, by outcome: switched, unchanged, failed",
                                ["outcome"], registry=registry)
+        self.requests = Counter("drift_lance_http_requests",
+                                "HTTP answers by route (`other` for a path the service does not serve) and status",
+                                ["route", "status"], registry=registry)
         self.streams_open = Gauge("drift_lance_sse_streams_open", "Server-Sent Events streams being sent",
                                   registry=registry)
         Gauge("drift_lance_searches_in_flight", "Searches running now", registry=registry).set_function(in_flight)
@@ -160,6 +163,35 @@ class ServiceMetrics:
         (Prometheus' text format, or OpenMetrics)."""
         encode, content_type = choose_encoder(accept or "")
         return encode(self.registry), content_type
+
+
+class CountRequests:
+    """ASGI middleware: every HTTP answer counted by route and status. A path the app does not
+    serve (a scanner's guesses) counts as `other`, so clients cannot add series."""
+
+    def __init__(self, app: Any, *, metrics: ServiceMetrics, routes: Iterable[str]):
+        self.app = app
+        self._requests = metrics.requests
+        self._routes = frozenset(routes)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def send_counted(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            if status:  # else no answer was sent (the connection went first)
+                route = scope["path"] if scope["path"] in self._routes else "other"
+                self._requests.labels(route, str(status)).inc()
 
 
 class _GenerationCollector(Collector):
