@@ -46,6 +46,21 @@ def read_sse(response: httpx.Response) -> list[tuple[str, dict]]:
     return events
 
 
+def scrape(client: httpx.Client) -> dict[tuple[str, frozenset], float]:
+    """/metrics parsed: {(sample name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4"), r.text
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(r.text) for sample in family.samples}
+
+
+def moved(before: dict, after: dict, name: str, **labels: str) -> float:
+    key = (name, frozenset(labels.items()))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
 @pytest.fixture
 def server(service_settings, live_server):
     return live_server(create_app(service_settings, backend=make_backend(service_settings)))
@@ -563,7 +578,7 @@ def serve_then_ingest_a_partial_copy(tmp_path, service_settings, live_server):
 def test_a_new_generation_with_a_missing_file_is_not_switched_to(tmp_path, service_settings, live_server):
     """A new generation whose entity data file is missing (a partial copy or replication of the
     database) is refused with the table named, the previous generation keeps serving, and once the
-    file is there the next reload switches."""
+    file is there the next reload switches. The metrics show both (what an operator alerts on)."""
     srv, db, written = serve_then_ingest_a_partial_copy(tmp_path, service_settings, live_server)
     with srv.client() as client:
         reload = client.post("/v1/admin/reload")
@@ -571,9 +586,15 @@ def test_a_new_generation_with_a_missing_file_is_not_switched_to(tmp_path, servi
         assert "table 'entities'" in _error(reload)["message"]
         assert client.get("/v1/index").json()["generation"] == 1
         assert client.post("/v1/search", json={"query": "Who leads the squad?", "method": "local"}).status_code == 200
+        failed = scrape(client)
         (tmp_path / "elsewhere").rename(written)
         assert client.post("/v1/admin/reload").json()["switched"] is True
         assert client.get("/v1/index").json()["generation"] == 2
+        switched = scrape(client)
+    reloads = "drift_lance_index_reloads_total"
+    assert failed[(reloads, frozenset({("outcome", "failed")}))] == 1 and failed[("drift_lance_index_generation", frozenset())] == 1
+    assert moved(failed, switched, reloads, outcome="switched") == 1 and moved(failed, switched, reloads, outcome="failed") == 0
+    assert switched[("drift_lance_index_generation", frozenset())] == 2
 
 
 def test_a_replica_started_on_a_newest_generation_with_a_missing_file_serves_the_one_before(tmp_path, service_settings,
@@ -1382,21 +1403,6 @@ def test_schema_fuzzing_finds_no_server_errors(service_settings, live_server):
 
 
 # --------------------------------------------------------------------------------------- metrics
-
-
-def scrape(client: httpx.Client) -> dict[tuple[str, frozenset], float]:
-    """/metrics parsed: {(sample name, labels): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    r = client.get("/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4"), r.text
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(r.text) for sample in family.samples}
-
-
-def moved(before: dict, after: dict, name: str, **labels: str) -> float:
-    key = (name, frozenset(labels.items()))
-    return after.get(key, 0.0) - before.get(key, 0.0)
 
 
 def test_metrics_count_searches_outcomes_rejections_and_llm_usage_by_stage(service_settings, live_server):
