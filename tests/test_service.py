@@ -1012,6 +1012,8 @@ def test_client_disconnect_cancels_blocking_search_and_its_llm_calls(service_set
         assert client.get("/readyz").status_code == 200
         model.release()
         assert client.post("/v1/search", json={"query": "again"}).status_code == 200
+        ended = scrape(client)
+    assert ended[("drift_lance_searches_finished_total", frozenset({("method", "drift"), ("outcome", "client_closed")}))] == 1
 
 
 def test_client_disconnect_cancels_streamed_search(service_settings, live_server):
@@ -1023,6 +1025,9 @@ def test_client_disconnect_cancels_streamed_search(service_settings, live_server
             assert model.started.wait(30)
         # leaving the block closes the connection mid-stream
     assert model.wait_cancelled(), "the streamed search's model call was not cancelled"
+    with srv.client() as client:
+        ended = scrape(client)
+    assert ended[("drift_lance_searches_finished_total", frozenset({("method", "drift"), ("outcome", "client_closed")}))] == 1
 
 
 def test_search_timeout_is_504_and_cancels_the_calls(service_settings, live_server, caplog):
@@ -1037,6 +1042,8 @@ def test_search_timeout_is_504_and_cancels_the_calls(service_settings, live_serv
         with client.stream("POST", "/v1/search/stream", json={"query": "slow"}, headers={"X-Request-ID": "slow-2"}) as r:
             events = read_sse(r)
         assert_as_documented(client.get("/openapi.json").json(), "/v1/search", "post", blocking)
+        ended = scrape(client)
+    assert ended[("drift_lance_searches_finished_total", frozenset({("method", "drift"), ("outcome", "timeout")}))] == 2
     assert blocking.status_code == 504 and _error(blocking)["code"] == "timeout"
     assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "timeout"
     assert model.wait_cancelled()
