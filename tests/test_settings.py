@@ -397,6 +397,38 @@ def test_prompt_paths_in_a_settings_file_are_relative_to_the_file(tmp_path, monk
     assert settings.drift.prompt == str(folder / "prompts" / "drift.txt")
 
 
+def test_path_settings_in_a_file_are_relative_to_the_file_and_home_is_expanded(tmp_path, monkeypatch):
+    """`serve --config /etc/drift/settings.toml` with `db = "index"` opened ./index of wherever the
+    service was started, and cache_dir / llama_model_path likewise; `~` was a folder named "~"."""
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    path = folder / "settings.toml"
+    path.write_text('db = "index"\n[models]\ncache_dir = "~/cache"\nllama_model_path = "models/m.gguf"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for config in (path, "~/../etc/settings.toml"):  # --config and DRIFT_LANCE_CONFIG expand ~ too
+        settings = Settings.load(config)
+        assert settings.db == str(folder / "index")
+        assert settings.models.cache_dir == tmp_path / "home" / "cache"
+        assert settings.models.llama_model_path == folder / "models" / "m.gguf"
+    monkeypatch.setenv("DRIFT_LANCE_CONFIG", "~/../etc/settings.toml")
+    assert Settings.load().db == str(folder / "index")
+
+    path.write_text('db = "s3://bucket/index"\n[models]\ncache_dir = "/var/cache/drift"\n')
+    settings = Settings.load(path)
+    assert settings.db == "s3://bucket/index" and str(settings.models.cache_dir) == "/var/cache/drift"
+    # The environment and flags stay relative to the working directory (with ~ expanded).
+    monkeypatch.setenv("DRIFT_LANCE_CACHE_DIR", "cache")
+    monkeypatch.setenv("DRIFT_LANCE_LLAMA_MODEL_PATH", "~/m.gguf")
+    settings = Settings.load(path, db="index")
+    assert settings.db == "index" and str(settings.models.cache_dir) == "cache"
+    assert settings.models.llama_model_path == tmp_path / "home" / "m.gguf"
+    assert Settings.load(path, db="~/index").db == str(tmp_path / "home" / "index")
+
+
 def test_config_command_shows_each_effective_setting_with_its_source_and_no_secret(tmp_path, monkeypatch, capsys):
     """`drift-lance config`: what query, context and serve will use, and which file or variable set it."""
     from drift_lance.cli import main

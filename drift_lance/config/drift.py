@@ -16,6 +16,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -289,9 +290,19 @@ def file_relative_prompts(section: Mapping[str, Any], path: Path, prompt_fields:
     resolved = dict(section)
     for field in prompt_fields:
         value = resolved.get(field)
-        if isinstance(value, str) and value.strip() and not Path(value).is_absolute():  # blank: the bundled one
-            resolved[field] = str((path.parent / value).resolve())
+        if isinstance(value, str) and value.strip():  # blank: the bundled one
+            resolved[field] = file_relative_path(value, path)
     return resolved
+
+
+def file_relative_path(value: str, path: Path) -> str:
+    """A local path `value` from the settings file `path`, `~` expanded and made absolute against
+    the file's folder (so the file works from any current directory); an absolute path or a URI
+    with a scheme (s3://, file://) is kept as written."""
+    if len(urlparse(value).scheme) > 1:  # one letter: a Windows drive
+        return value
+    local = Path(value).expanduser()
+    return str(local if local.is_absolute() else (path.parent / local).resolve())
 
 
 def _env_values(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:

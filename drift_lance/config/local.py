@@ -7,6 +7,7 @@ used as is. `top_k_mapped_entities` (the builder's name) is accepted for `top_k_
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -94,8 +95,11 @@ class LocalSearchConfig(BaseModel):
 
 def empty_prompt_is_bundled(value: object) -> object:
     """A blank prompt path (`prompt = ""`, `DRIFT_LANCE_LOCAL__PROMPT=`) is no prompt file, so the
-    bundled prompt, as `none` is; it read the current directory ("prompt file : Is a directory")."""
-    return None if isinstance(value, str) and not value.strip() else value
+    bundled prompt, as `none` is; it read the current directory ("prompt file : Is a directory").
+    A leading `~` is the home folder, as in a shell."""
+    if isinstance(value, str):
+        return os.path.expanduser(value) if value.strip() else None
+    return value
 
 
 # Fields holding prompt file paths: in a settings file they are relative to the file.

@@ -136,6 +136,12 @@ class ModelSettings(BaseSettings):
         # Path("") is ".": `DRIFT_LANCE_CACHE_DIR=` (an env file's "off") cached into the current directory.
         return None if isinstance(value, str) and not value.strip() else value
 
+    @field_validator("cache_dir", "llama_model_path")
+    @classmethod
+    def _home_expanded(cls, value: Path | None) -> Path | None:
+        # `DRIFT_LANCE_CACHE_DIR=~/.cache/drift` in an env file (no shell to expand it) made a "~" folder.
+        return value.expanduser() if value is not None else None
+
     @field_validator("base_url", "embedding_base_url", "azure_endpoint")
     @classmethod
     def _strip_slash(cls, value: str | None) -> str | None:

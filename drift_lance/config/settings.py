@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
@@ -30,7 +31,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from drift_lance.config.drift import (
-    DRIFTSearchConfig, file_relative_prompts, load_drift_config, read_config_mapping, section_values,
+    DRIFTSearchConfig, file_relative_path, file_relative_prompts, load_drift_config, read_config_mapping, section_values,
 )
 from drift_lance.config.ingest import IngestConfig, StoreConfig
 from drift_lance.config.local import LOCAL_FILE_KEYS, LOCAL_PROMPT_FIELDS, LocalSearchConfig
@@ -69,7 +70,10 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_db_means_none(cls, value: object) -> object:
         # `DRIFT_LANCE_DB=` in an env file, or `--db ""`: LanceDB would open the current directory.
-        return None if isinstance(value, str) and not value.strip() else value
+        if isinstance(value, str) and not value.strip():
+            return None
+        # `~/index` from an env file (no shell expands it) is the home folder's, as connecting reads it.
+        return os.path.expanduser(value) if isinstance(value, str) and len(urlparse(value).scheme) <= 1 else value
 
     @classmethod
     def settings_customise_sources(
@@ -93,9 +97,7 @@ class Settings(BaseSettings):
         Overrides set to None are ignored, so CLI flags can be passed through unconditionally.
         With `graphrag` (the search commands), `path` may also be a graphrag settings.yaml, of which
         only the `drift_search` and `local_search` blocks are read."""
-        if path is None and os.environ.get(CONFIG_FILE_ENV):
-            path = os.environ[CONFIG_FILE_ENV]
-        source = Path(path) if path is not None else None
+        source = config_file_path(path)
         data = read_settings_file(source, graphrag=graphrag) if source is not None else {}
         overrides = {k: v for k, v in overrides.items() if v is not None}
         # Two sections read the environment through their owners' loaders, so their documented
@@ -232,6 +234,14 @@ def _annotation_of(dotted: str) -> Any:
     return annotation
 
 
+def config_file_path(path: str | os.PathLike[str] | None) -> Path | None:
+    """The settings file to read: `path`, else `$DRIFT_LANCE_CONFIG`, `~` expanded (a systemd unit's
+    `Environment=DRIFT_LANCE_CONFIG=~/...` has no shell to expand it); None for neither."""
+    if path is None and os.environ.get(CONFIG_FILE_ENV):
+        path = os.environ[CONFIG_FILE_ENV]
+    return Path(path).expanduser() if path is not None else None
+
+
 def read_settings_file(path: Path, *, graphrag: bool = False) -> dict[str, Any]:
     """A TOML (.toml) or YAML (.yaml/.yml) settings file as a dict of sections, prompt paths resolved
     against the file's folder. With `graphrag`, a graphrag settings.yaml gives its search blocks."""
@@ -259,7 +269,22 @@ def _drift_lance_sections(data: dict[str, Any], path: Path) -> dict[str, Any]:
     _null_sections_as_empty(data, Settings)
     if isinstance(data.get("local"), dict):
         data["local"] = file_relative_prompts(data["local"], path, LOCAL_PROMPT_FIELDS)
+    _file_relative_paths(data, path)
     return data
+
+
+# Settings holding local paths: in a settings file they are relative to the file, as prompts are,
+# so `serve --config /etc/drift/settings.toml` with `db = "index"` does not depend on where it started.
+_PATH_SETTINGS = (("db",), ("models", "cache_dir"), ("models", "llama_model_path"))
+
+
+def _file_relative_paths(data: dict[str, Any], path: Path) -> None:
+    for *sections, name in _PATH_SETTINGS:
+        node: Any = data
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(name), str) and node[name].strip():  # blank: unset
+            node[name] = file_relative_path(node[name], path)
 
 
 def _null_sections_as_empty(data: dict[str, Any], model: type[BaseModel]) -> None:
@@ -467,9 +492,7 @@ def effective_settings(path: str | os.PathLike[str] | None = None) -> list[tuple
     """Every setting as (dotted name, value as JSON, where it came from), as `query`, `context` and
     `serve` load them from `path` (or `$DRIFT_LANCE_CONFIG`) and the environment; models as the
     selection rule resolves them; secrets masked. What `drift-lance config` prints."""
-    if path is None and os.environ.get(CONFIG_FILE_ENV):
-        path = os.environ[CONFIG_FILE_ENV]
-    source = Path(path) if path is not None else None
+    source = config_file_path(path)
     settings = Settings.load(source, graphrag=True)
     file_data = read_settings_file(source, graphrag=True) if source is not None else {}
     values = settings.model_dump(mode="json")
