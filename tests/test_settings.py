@@ -429,6 +429,18 @@ def test_path_settings_in_a_file_are_relative_to_the_file_and_home_is_expanded(t
     assert Settings.load(path, db="~/index").db == str(tmp_path / "home" / "index")
 
 
+def test_repr_of_the_settings_masks_storage_secrets_but_lancedb_still_gets_them(monkeypatch):
+    """repr(settings), in a log line or a traceback's locals, showed AWS keys from store.storage_options."""
+    options = {"aws_access_key_id": "AKIA-SECRET", "aws_secret_access_key": "aws-SECRET",
+               "aws_session_token": "tok-SECRET", "azure_storage_sas_key": "sas-SECRET", "region": "eu-west-1"}
+    monkeypatch.setenv("DRIFT_LANCE_STORE__STORAGE_OPTIONS", json.dumps(options))
+    settings = Settings.load()
+    for shown in (repr(settings), str(settings), repr(settings.store), str(settings.store)):
+        assert "SECRET" not in shown and "'aws_secret_access_key': '**********'" in shown and "'region': 'eu-west-1'" in shown
+    assert settings.store.storage_options == options  # what open_store hands LanceDB
+    assert settings.with_updates({"store.fetch_chunk_size": 10}).store.storage_options == options
+
+
 def test_config_command_shows_each_effective_setting_with_its_source_and_no_secret(tmp_path, monkeypatch, capsys):
     """`drift-lance config`: what query, context and serve will use, and which file or variable set it."""
     from drift_lance.cli import main

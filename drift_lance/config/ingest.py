@@ -15,7 +15,9 @@ vectors) grew the process to 1.6 GB. IVF_HNSW_SQ and IVF_PQ took minutes to buil
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,6 +117,24 @@ class StoreConfig(BaseModel):
     # keeps a long-running service's memory bounded whatever the corpus size.
     index_cache_bytes: int | None = Field(default=512 * 2**20, ge=0)
     metadata_cache_bytes: int | None = Field(default=None, ge=0)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # repr(settings) ends up in logs and tracebacks: storage secrets are masked there (as in
+        # `drift-lance config`); `storage_options` itself, what LanceDB gets, keeps them.
+        for name, value in super().__repr_args__():
+            if name == "storage_options":
+                value = {key: "**********" if is_secret_name(key) else option for key, option in value.items()}
+            yield name, value
+
+
+# Names of settings and storage options whose values are credentials: api keys, and storage options
+# such as aws_secret_access_key, aws_session_token, azure_storage_account_key or azure_storage_sas_key.
+# A token only as a name's last word: max_tokens and token_budget are not secrets.
+_SECRET_NAME = re.compile(r"key|secret|password|credential|(^|_)token$", re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
 
 
 class IngestConfig(BaseModel):

@@ -33,7 +33,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from drift_lance.config.drift import (
     DRIFTSearchConfig, file_relative_path, file_relative_prompts, load_drift_config, read_config_mapping, section_values,
 )
-from drift_lance.config.ingest import IngestConfig, StoreConfig
+from drift_lance.config.ingest import IngestConfig, StoreConfig, is_secret_name
 from drift_lance.config.local import LOCAL_FILE_KEYS, LOCAL_PROMPT_FIELDS, LocalSearchConfig
 from drift_lance.config.models import ModelSettings
 from drift_lance.config.service import ServiceConfig
@@ -389,7 +389,7 @@ def describe_validation_error(exc: ValidationError, *, prefix: str = "", origin:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
-        elif _is_secret(path[-1] if path else ""):  # a key YAML read as a number must not reach a log
+        elif is_secret_name(path[-1] if path else ""):  # a key YAML read as a number must not reach a log
             msg += ", got a value of type " + type(err.get("input")).__name__
         elif not isinstance(err.get("input"), dict):
             msg += f", got {err['input']!r}"
@@ -400,15 +400,6 @@ def describe_validation_error(exc: ValidationError, *, prefix: str = "", origin:
             msg += f" (from the config file, DRIFT_LANCE_{path[0].upper()}__{path[1].upper()} or a flag)"
         parts.append(f"field {loc}: {msg}")
     return "; ".join(parts)
-
-
-# Settings whose values are credentials: api keys, and storage options such as
-# aws_secret_access_key, aws_session_token or azure_storage_account_key.
-_SECRET_NAME = re.compile(r"key|secret|password|credential|(^|_)token$", re.IGNORECASE)
-
-
-def _is_secret(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -508,7 +499,7 @@ def effective_settings(path: str | os.PathLike[str] | None = None) -> list[tuple
             if field == "api_key":
                 fallback = "AZURE_OPENAI_API_KEY" if values["models"]["azure_endpoint"] and env.get("AZURE_OPENAI_API_KEY") else "OPENAI_API_KEY"
             where = f"auto ({fallback})"
-        shown = MASK if value is not None and value != MASK and _is_secret(dotted.rsplit(".", 1)[-1]) else value
+        shown = MASK if value is not None and value != MASK and is_secret_name(dotted.rsplit(".", 1)[-1]) else value
         rows.append((dotted, shown, where))
     return rows
 
