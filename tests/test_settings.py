@@ -344,6 +344,31 @@ def test_a_graphrag_settings_file_gives_the_search_commands_its_search_blocks(tm
         Settings.load(path)  # ingest, inspect: drift-lance settings only
 
 
+def test_a_misspelt_search_block_in_a_graphrag_settings_file_is_named(tmp_path, caplog, capsys):
+    """`drift_serach:` in graphrag's settings.yaml was skipped without a word: the search ran at the
+    defaults. graphrag's other blocks (global_search, basic_search, ...) are no misspellings."""
+    from drift_lance.cli import main
+
+    path = tmp_path / "settings.yaml"
+    path.write_text(GRAPHRAG_SETTINGS.replace("drift_search:", "drift_serach:").replace("local_search:", "localsearch:")
+                    + "global_search:\n  max_context_tokens: 1000\nbasic_search:\n  k: 5\n")
+    with caplog.at_level(logging.WARNING):
+        settings = Settings.load(path, graphrag=True)
+    assert settings.drift.n_depth == DRIFTSearchConfig().n_depth  # graphrag too ignores an unknown block
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"config file {path}: ignoring unknown block 'drift_serach'; did you mean 'drift_search'?",
+                        f"config file {path}: ignoring unknown block 'localsearch'; did you mean 'local_search'?"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert main(["config", "--config", str(path)]) == 0
+    assert sum("drift_serach" in r.getMessage() for r in caplog.records) == 1  # once, though config reads the file twice
+    capsys.readouterr()
+    ours = tmp_path / "ours.yaml"  # a drift-lance file: an error, now with the suggestion too
+    ours.write_text("drift_serach:\n  n_depth: 1\n")
+    with pytest.raises(ConfigError, match="unknown section 'drift_serach'; did you mean 'drift_search'"):
+        Settings.load(ours, graphrag=True)
+
+
 def test_a_graphrag_init_settings_file_works_though_it_names_a_prompt_file_graphrag_never_wrote(tmp_path, caplog):
     """graphrag 3.3.0's `graphrag init` writes prompts/drift_reduce_prompt.txt but its settings.yaml
     says prompts/drift_search_reduce_prompt.txt; graphrag then uses its built-in prompt. The same

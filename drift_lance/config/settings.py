@@ -15,6 +15,8 @@ Every validation problem becomes a `ConfigError` naming the file (if any) and th
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 import types
@@ -38,6 +40,8 @@ from drift_lance.config.local import LOCAL_FILE_KEYS, LOCAL_PROMPT_FIELDS, Local
 from drift_lance.config.models import ModelSettings
 from drift_lance.config.service import ServiceConfig
 from drift_lance.errors import ConfigError, did_you_mean
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "DRIFT_LANCE_"
 CONFIG_FILE_ENV = "DRIFT_LANCE_CONFIG"
@@ -99,6 +103,11 @@ class Settings(BaseSettings):
         only the `drift_search` and `local_search` blocks are read."""
         source = config_file_path(path)
         data = read_settings_file(source, graphrag=graphrag) if source is not None else {}
+        return cls._from_file_data(source, data, overrides)
+
+    @classmethod
+    def _from_file_data(cls, source: Path | None, data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
+        """`load` once the file `source` has been read into `data` (by `read_settings_file`)."""
         overrides = {k: v for k, v in overrides.items() if v is not None}
         # Two sections read the environment through their owners' loaders, so their documented
         # variables behave the same everywhere: DRIFT_LANCE_DRIFT__* and DRIFT_LANCE_<MODEL FIELD>.
@@ -264,7 +273,8 @@ def _drift_lance_sections(data: dict[str, Any], path: Path) -> dict[str, Any]:
     if unknown:
         hint = "; a graphrag settings.yaml is read by query, context, serve, inspect and config only" if is_graphrag_settings(data) else ""
         raise ConfigError(
-            f"config file {path}: unknown section {unknown[0]!r}; known: {', '.join(Settings.model_fields)}{hint}"
+            f"config file {path}: unknown section {unknown[0]!r}{did_you_mean(unknown[0], [*Settings.model_fields, *_SECTION_ALIASES])}"
+            f"; known: {', '.join(Settings.model_fields)}{hint}"
         )
     _null_sections_as_empty(data, Settings)
     if isinstance(data.get("local"), dict):
@@ -312,6 +322,7 @@ def _graphrag_search_sections(data: dict[str, Any], path: Path) -> dict[str, Any
     """A graphrag settings.yaml as drift-lance sections: `drift_search` (which `load_drift_config`
     reads from the file itself) and `local_search`. Keys graphrag has and we do not are ignored with
     a warning; the other graphrag sections (models, input, output, ...) are not read."""
+    _warn_misspelt_search_blocks(data, path)
     sections: dict[str, Any] = {}
     if "drift_search" in data:
         sections["drift"] = data["drift_search"]
@@ -324,7 +335,22 @@ def _graphrag_search_sections(data: dict[str, Any], path: Path) -> dict[str, Any
     return sections
 
 
+def _warn_misspelt_search_blocks(data: Mapping[str, Any], path: Path) -> None:
+    """graphrag ignores a block it does not know, so `drift_serach:` is not an error in its settings.yaml,
+    but its settings then silently were not used: name the near-misses of the two blocks read here."""
+    for key in data:
+        name = str(key).lower().replace("-", "_")
+        if key in _SECTION_ALIASES or name in _OTHER_GRAPHRAG_SEARCH_BLOCKS:
+            continue
+        # 0.8: drift_serach, drfit_search, localsearch (0.92-0.96); global_search, basic_search and every
+        # other graphrag section score less (0.88 and 0.67 for those two, which are skipped by name anyway).
+        if max(difflib.SequenceMatcher(None, name, block).ratio() for block in _SECTION_ALIASES) >= 0.8:
+            log.warning("config file %s: ignoring unknown block %r%s", path, key, did_you_mean(name, _SECTION_ALIASES))
+
+
 _SECTION_ALIASES = {"drift_search": "drift", "local_search": "local"}
+# graphrag's search blocks that drift-lance does not read (not misspellings of the two it does).
+_OTHER_GRAPHRAG_SEARCH_BLOCKS = ("global_search", "basic_search")
 # Top-level sections of graphrag's settings.yaml that a drift-lance settings file never has.
 _GRAPHRAG_ONLY_SECTIONS = ("completion_models", "embedding_models", "input", "output", "extract_graph", "vector_store")
 
@@ -484,8 +510,8 @@ def effective_settings(path: str | os.PathLike[str] | None = None) -> list[tuple
     `serve` load them from `path` (or `$DRIFT_LANCE_CONFIG`) and the environment; models as the
     selection rule resolves them; secrets masked. What `drift-lance config` prints."""
     source = config_file_path(path)
-    settings = Settings.load(source, graphrag=True)
     file_data = read_settings_file(source, graphrag=True) if source is not None else {}
+    settings = Settings._from_file_data(source, file_data, {})  # the file read (and warned about) once
     values = settings.model_dump(mode="json")
     values["models"] = settings.models.resolve().model_dump(mode="json")
     unresolved = settings.models.model_dump(mode="json")
