@@ -142,6 +142,24 @@ def test_a_bad_model_variable_is_blamed_on_the_variable_not_on_the_config_file(t
     assert str(path) not in str(info.value)
 
 
+def test_an_empty_model_name_variable_is_named(tmp_path, monkeypatch):
+    """`DRIFT_LANCE_CHAT_MODEL=` (compose's ${CHAT_MODEL} of an unset variable) failed at the first
+    model call with "no chat model configured for the openai backend", naming no variable."""
+    from drift_lance.models import get_chat_model
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "x")
+    monkeypatch.setenv("DRIFT_LANCE_CHAT_MODEL", "")
+    for load in (Settings.load, get_chat_model):  # the CLI and service; the Python API's default
+        with pytest.raises(ConfigError, match=r"^environment variable DRIFT_LANCE_CHAT_MODEL: field models.chat_model: .*empty"):
+            load()
+    monkeypatch.delenv("DRIFT_LANCE_CHAT_MODEL")
+    path = tmp_path / "s.toml"
+    path.write_text('[models]\nembedding_model = " "\n')
+    with pytest.raises(ConfigError, match=rf"^config file {path}: field models.embedding_model: .*empty"):
+        Settings.load(path)
+
+
 def test_each_bad_value_is_blamed_on_the_file_or_variable_that_gave_it(tmp_path, monkeypatch):
     """`DRIFT_LANCE_SERVICE__PORT=-1` with `--config f.toml` was reported as "config file f.toml:
     field service.port ... (from the config file, DRIFT_LANCE_SERVICE__PORT or a flag)"."""

@@ -142,6 +142,15 @@ class ModelSettings(BaseSettings):
         # `DRIFT_LANCE_CACHE_DIR=~/.cache/drift` in an env file (no shell to expand it) made a "~" folder.
         return value.expanduser() if value is not None else None
 
+    @field_validator("chat_model", "embedding_model")
+    @classmethod
+    def _model_is_named(cls, value: str | None) -> str | None:
+        # `DRIFT_LANCE_CHAT_MODEL=` (compose's ${CHAT_MODEL} of an unset variable) got as far as the
+        # first model call: "no chat model configured", naming no variable. Settings.load names it.
+        if value is not None and not value.strip():
+            raise ValueError("empty; name a model, or leave it unset for the backend's default")
+        return value
+
     @field_validator("base_url", "embedding_base_url", "azure_endpoint")
     @classmethod
     def _strip_slash(cls, value: str | None) -> str | None:
@@ -198,4 +207,6 @@ def _secret(value: str | None) -> SecretStr | None:
 
 def default_model_settings() -> ModelSettings:
     """Settings from the environment alone (no config file), with the selection rule applied."""
-    return ModelSettings().resolve()
+    from drift_lance.config.settings import model_settings_from_env  # settings imports this module
+
+    return model_settings_from_env().resolve()

@@ -361,18 +361,24 @@ def _model_settings(section: Any, source: Path | None) -> ModelSettings:
     if section is not None and not isinstance(section, dict):
         raise ConfigError(f"config file {source}: section 'models' must be a table/mapping")
     _refuse_section_style_model_variables()
-    try:
-        from_env = ModelSettings()
-    except ValidationError as exc:  # the variables alone: name them, not a file that may not set the field
-        names = sorted({_model_variable(str(err["loc"][0])) for err in exc.errors() if err["loc"]})
-        raise ConfigError(f"environment variable {', '.join(names)}: "
-                          f"{describe_validation_error(exc, prefix='models')}") from None
+    from_env = model_settings_from_env()
     env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set}
     try:
         return ModelSettings(**{**(section or {}), **env_values})
     except ValidationError as exc:
         where = f"config file {source}" if source is not None else "model settings"
         raise ConfigError(f"{where}: {describe_validation_error(exc, prefix='models')}") from None
+
+
+def model_settings_from_env() -> ModelSettings:
+    """ModelSettings from its DRIFT_LANCE_<FIELD> variables alone; a bad one is a ConfigError
+    naming the variable (not a file that may not set the field)."""
+    try:
+        return ModelSettings()
+    except ValidationError as exc:
+        names = sorted({_model_variable(str(err["loc"][0])) for err in exc.errors() if err["loc"]})
+        raise ConfigError(f"environment variable {', '.join(names)}: "
+                          f"{describe_validation_error(exc, prefix='models')}") from None
 
 
 def _model_variable(field: str) -> str:
