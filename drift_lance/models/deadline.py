@@ -64,33 +64,33 @@ async def deltas_within(deltas: AsyncIterator[str], timeout: float | None, what:
 
 def time_left() -> float | None:
     """Seconds the current call has left of its `llm_timeout` (None: no limit)."""
-    current = _call_deadline.get()
-    if current is None or current[0] is not asyncio.current_task():
-        return None
-    when = current[1].when()
-    return None if when is None else when - asyncio.get_running_loop().time()
+    deadline = _running_deadline()
+    return None if deadline is None else deadline.when() - asyncio.get_running_loop().time()  # type: ignore[operator]
 
 
 @contextmanager
 def paused_while_queued() -> Iterator[None]:
     """Stop the clock of the current call's `llm_timeout` while inside (a wait for a concurrency
     slot); it restarts with the time it had left."""
-    current = _call_deadline.get()
-    if current is None or current[0] is not asyncio.current_task():
+    deadline = _running_deadline()
+    if deadline is None or deadline.expired():
         yield
         return
-    deadline = current[1]
-    when = deadline.when()
-    if when is None or deadline.expired():
-        yield
-        return
-    loop = asyncio.get_running_loop()
-    left = when - loop.time()
+    left = time_left()
     deadline.reschedule(None)
     try:
         yield
     finally:
-        deadline.reschedule(loop.time() + left)
+        deadline.reschedule(asyncio.get_running_loop().time() + left)  # type: ignore[operator]
+
+
+def _running_deadline() -> asyncio.Timeout | None:
+    """The `llm_timeout` of the call running in this task, when it has one; None otherwise, e.g. in
+    a task the call started, which inherits the context."""
+    current = _call_deadline.get()
+    if current is None or current[0] is not asyncio.current_task():
+        return None
+    return None if current[1].when() is None else current[1]
 
 
 @contextmanager
