@@ -27,10 +27,14 @@ _ALLOW_HTTP_ENV = ("AWS_ALLOW_HTTP",)
 _S3_SCHEMES = ("s3", "s3a", "s3+ddb")
 
 
+def has_uri_scheme(uri: str) -> bool:
+    """True for s3://, gs://, file://, ...; False for a plain path, a Windows drive's (C:) included."""
+    return len(urlparse(str(uri)).scheme) > 1  # one letter: a Windows drive
+
+
 def is_local_uri(uri: str) -> bool:
     """True for a local folder (plain path or file://), False for s3://, gs://, az://, ..."""
-    scheme = urlparse(str(uri)).scheme
-    return scheme in ("", "file") or len(scheme) == 1  # one letter: a Windows drive
+    return not has_uri_scheme(uri) or urlparse(str(uri)).scheme == "file"
 
 
 def connect_uri(uri: str) -> str:

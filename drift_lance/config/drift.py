@@ -16,13 +16,13 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from drift_lance.config.local import INT32_MAX, empty_prompt_is_bundled
 from drift_lance.errors import ConfigError, did_you_mean
+from drift_lance.object_store import has_uri_scheme
 
 __all__ = [
     "DRIFTSearchConfig", "ENV_PREFIX", "file_relative_prompts", "load_drift_config", "parse_set_options",
@@ -299,7 +299,7 @@ def file_relative_path(value: str, path: Path) -> str:
     """A local path `value` from the settings file `path`, `~` expanded and made absolute against
     the file's folder (so the file works from any current directory); an absolute path or a URI
     with a scheme (s3://, file://) is kept as written."""
-    if len(urlparse(value).scheme) > 1:  # one letter: a Windows drive
+    if has_uri_scheme(value):
         return value
     local = Path(value).expanduser()
     return str(local if local.is_absolute() else (path.parent / local).resolve())

@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
@@ -40,6 +39,7 @@ from drift_lance.config.local import LOCAL_FILE_KEYS, LOCAL_PROMPT_FIELDS, Local
 from drift_lance.config.models import ModelSettings
 from drift_lance.config.service import ServiceConfig
 from drift_lance.errors import ConfigError, did_you_mean
+from drift_lance.object_store import has_uri_scheme
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Settings(BaseSettings):
         if isinstance(value, str) and not value.strip():
             return None
         # `~/index` from an env file (no shell expands it) is the home folder's, as connecting reads it.
-        return os.path.expanduser(value) if isinstance(value, str) and len(urlparse(value).scheme) <= 1 else value
+        return os.path.expanduser(value) if isinstance(value, str) and not has_uri_scheme(value) else value
 
     @classmethod
     def settings_customise_sources(
