@@ -85,6 +85,8 @@ def index_params(config: VectorIndexConfig, rows: int, dim: int) -> dict[str, An
     partitions = min(config.num_partitions or max(1, round(root)), max(rows, 1))
     if config.type == "IVF_PQ":
         return {"num_partitions": partitions, "num_sub_vectors": config.num_sub_vectors or pq_sub_vectors(dim)}
+    if config.type == "IVF_RQ":
+        return {"num_partitions": partitions, "num_bits": config.num_bits}
     return {"num_partitions": partitions}
 
 

@@ -1151,11 +1151,28 @@ async def test_ann_index_built_at_threshold(tmp_path):
     config = IngestConfig(ann_min_rows=500)
     report = await ingest.run_ingest(src, str(tmp_path / "db"), config=config, progress=False)
     assert report.manifest.tables["entities"].vector_index == "IVF_RQ"
-    assert report.manifest.tables["entities"].vector_index_params == {"num_partitions": 12}  # round(sqrt(600) / 2)
+    # round(sqrt(600) / 2) partitions; 1-bit RaBitQ codes whatever LanceDB's default (0.41 made it 5)
+    assert report.manifest.tables["entities"].vector_index_params == {"num_partitions": 12, "num_bits": 1}
     assert report.manifest.tables["community_reports"].vector_index is None  # 600/16 rows: below
     db = await lancedb.connect_async(str(tmp_path / "db"))
     table = await db.open_table("entities", version=report.manifest.tables["entities"].version)
-    assert any(i.columns == ["vector"] for i in await table.list_indices())
+    (vector_index,) = [i for i in await table.list_indices() if i.columns == ["vector"]]
+    assert vector_index.index_details["compression"]["num_bits"] == 1
+
+
+async def test_rabitq_code_width_is_configurable(tmp_path):
+    from ingest.synthetic import generate_index
+
+    src = generate_index(tmp_path / "src", n_entities=600, dim=32, seed=3)
+    config = IngestConfig(ann_min_rows=500, vector_index={"type": "IVF_RQ", "num_bits": 4})
+    report = await ingest.run_ingest(src, str(tmp_path / "db"), config=config, progress=False)
+    info = report.manifest.tables["entities"]
+    assert info.vector_index_params["num_bits"] == 4
+    table = await (await lancedb.connect_async(str(tmp_path / "db"))).open_table("entities", version=info.version)
+    (vector_index,) = [i for i in await table.list_indices() if i.columns == ["vector"]]
+    assert vector_index.index_details["compression"]["num_bits"] == 4
+    with pytest.raises(ValueError, match="num_bits"):
+        IngestConfig(vector_index={"type": "IVF_RQ", "num_bits": 9})
 
 
 async def test_the_manifest_records_the_vector_index_lancedb_built(dulce_dir, tmp_path, caplog):
