@@ -521,6 +521,13 @@ class LanceStore:
         handle = await self._table(table)
         return {", ".join(i.columns): str(i.index_type) for i in await handle.list_indices()}
 
+    async def vector_index_bytes(self, table: str) -> int | None:
+        """On-disk size of the pinned table version's vector index (None: no index, or a LanceDB
+        that does not report sizes)."""
+        handle = await self._table(table)
+        sizes = [getattr(i, "size_bytes", None) for i in await handle.list_indices() if "vector" in i.columns]
+        return sizes[0] if sizes else None
+
     async def close(self) -> None:
         """Close the tables and drop the caches; using the store afterwards raises StoreError."""
         self._closed = True

@@ -4,6 +4,7 @@ command, exit codes, one-line errors without tracebacks, missing database, inges
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -243,6 +244,13 @@ def test_inspect_reports_an_nprobes_above_the_partition_count_as_clamped(dulce_d
     line = next(line for line in proc.stdout.splitlines() if line.startswith("entities: "))
     assert line.startswith("entities: IVF_RQ probes 3 of 3 partitions (store.search.nprobes")
     assert "store.search.nprobes 999 is more than the index's 3 partitions, so all are probed" in line
+    assert "WARNING" not in line  # a 1-bit index of 39 rows fits any cache
+    # A vector index larger than the index cache: every query would re-read partitions.
+    proc = drift_lance("inspect", "--db", db, "--json", env=cli_env(DRIFT_LANCE_STORE__INDEX_CACHE_BYTES="1024"))
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["tables"]["entities"]["vector_index_bytes"] > 1024
+    assert "is larger than store.index_cache_bytes (0 MiB), so queries re-read partitions" in info["probing"]["entities"]
 
 
 # `-v` at the end, where a user who just saw a one-line error adds it, was an unrecognized argument.
