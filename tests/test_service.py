@@ -542,6 +542,31 @@ def serve_own_sample_index(tmp_path, service_settings, live_server, updates=None
     return live_server(create_app(settings, backend=backend)), source, db
 
 
+def test_a_vector_index_larger_than_the_index_cache_is_a_warning_at_start(tmp_path, service_settings, live_server, caplog):
+    """Every search would re-read index partitions (a 5-bit IVF_RQ at 10^6 x 1536: 985 MB against
+    the 512 MiB default): slow, not failed, so the operator hears it once, at start."""
+    import ingest
+    from drift_lance.config.ingest import IngestConfig
+    from drift_lance.sample.builder import build_sample_index
+    from drift_lance.service.engine import EngineBackend
+    from drift_lance.testing import HashEmbedder
+
+    db = tmp_path / "db"
+    ingest.ingest(build_sample_index(tmp_path / "graphrag"), str(db), embedder=HashEmbedder(64),
+                  config=IngestConfig(ann_min_rows=1), progress=False)  # an ANN index on every vector table
+    for cache_bytes, warned in ((1024, True), (512 * 2**20, False)):
+        caplog.clear()
+        settings = service_settings.with_updates({"db": str(db), "store.index_cache_bytes": cache_bytes})
+        backend = EngineBackend(settings, chat_model=scripted_drift_model(), embedder=HashEmbedder(64))
+        with caplog.at_level(logging.WARNING, logger="drift_lance.service"):
+            with live_server(create_app(settings, backend=backend)).client() as client:
+                assert client.get("/readyz").status_code == 200  # served all the same
+        message = "table 'entities': its vector index"
+        assert (message in caplog.text) is warned, caplog.text
+        if warned:
+            assert "is larger than store.index_cache_bytes (0 MiB), so queries re-read partitions" in caplog.text
+
+
 def test_a_new_generation_the_query_embedder_does_not_fit_is_not_switched_to(tmp_path, service_settings, live_server):
     """Re-ingested with another embedding model: the reload keeps serving the generation it has and
     says why, instead of switching and failing every search."""

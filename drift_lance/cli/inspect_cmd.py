@@ -47,7 +47,7 @@ async def describe(uri: str, storage_options: dict[str, str] | None = None, conf
         generations = await store.generations()
         probing = {
             name: probing_line(info, store.config.search) + _clamp_note(info, store.config.search)
-            + _index_cache_note(tables[name]["vector_index_bytes"], store.config.index_cache_bytes)
+            + _warning_note(await store.index_cache_warning(name))
             for name, info in store.manifest.tables.items() if info.vector_index
         }
         return {
@@ -66,15 +66,8 @@ def _clamp_note(info: Any, tuning: Any) -> str:
     return f"; store.search.nprobes {tuning.nprobes} is more than the index's {partitions} partitions, so all are probed"
 
 
-def _index_cache_note(index_bytes: int | None, cache_bytes: int | None) -> str:
-    """Warn when the vector index cannot stay in the store's index cache: every query then re-reads
-    the partitions it probes (an index built with LanceDB 0.41's 5-bit default at 10^6 x 1536,
-    985 MB against 512 MiB: 20-35 ms a query instead of ~9)."""
-    if not index_bytes or cache_bytes is None or index_bytes <= cache_bytes:
-        return ""
-    return (f"; WARNING: its vector index ({index_bytes / 2**20:,.0f} MiB) is larger than store.index_cache_bytes "
-            f"({cache_bytes / 2**20:,.0f} MiB), so queries re-read partitions: raise index_cache_bytes, or "
-            "re-ingest (ingest builds 1-bit IVF_RQ codes, vector_index.num_bits)")
+def _warning_note(warning: str | None) -> str:
+    return f"; WARNING: {warning}" if warning else ""
 
 
 def run(args: argparse.Namespace) -> int:

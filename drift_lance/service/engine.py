@@ -9,6 +9,7 @@ manifest generation is switched to; a search keeps the store it started with (se
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -28,6 +29,8 @@ from drift_lance.service.backend import EventSink, Method, Readiness
 from drift_lance.service.errors import ApiError
 from drift_lance.service.events import ActionEvent, PrimerEvent, TokenEvent, search_event
 from drift_lance.service.generations import ReloadResult, ServingStores, same_manifest
+
+log = logging.getLogger(__name__)
 from drift_lance.service.metrics import CountedChat
 from drift_lance.store import IndexStore, Manifest
 
@@ -74,6 +77,7 @@ class EngineBackend:
             self._embedder = await asyncio.to_thread(get_embedder, self.settings.models)
             self._built_models.append(self._embedder)
         self._check_serveable()
+        await self._warn_about_uncacheable_indexes()
         if self._model_failures is not None and not isinstance(self._chat, CountedChat):
             self._chat = CountedChat(self._chat, self._model_failures)
         self._models_ready = True
@@ -91,6 +95,17 @@ class EngineBackend:
         store = self._current_store
         assert store is not None
         self._check_embedder_fits(store)
+
+    async def _warn_about_uncacheable_indexes(self) -> None:
+        """A vector index larger than the store's index cache makes every search slow, not failed:
+        said once at start, where an operator reads it."""
+        store = self._current_store
+        check = getattr(store, "index_cache_warning", None)  # LanceDB stores; a test store has no index cache
+        if store is None or check is None:
+            return
+        for table in store.manifest.tables:
+            if (warning := await check(table)) is not None:
+                log.warning("%s: %s", store.uri, warning)
 
     def _check_embedder_fits(self, store: IndexStore) -> None:
         from drift_lance.models.compat import check_embedding_compatibility
