@@ -472,10 +472,6 @@ class DriftStream(GeneratorStream):
         await emit(run.callbacks, "on_reduce_end", text)
         self.result = search._result(run, response=text)
 
-    async def text(self) -> str:
-        """Consume the whole stream and return the answer."""
-        return "".join([delta async for delta in self])
-
 
 def _usage_from_counts(counts: dict[str, int]) -> Usage:
     return Usage(counts["prompt_tokens"], counts["output_tokens"], counts["llm_calls"])

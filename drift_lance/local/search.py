@@ -190,10 +190,6 @@ class LocalStream(GeneratorStream):
             await stream.aclose()
         self.result = _result("".join(parts), context, stream.usage, started)
 
-    async def text(self) -> str:
-        """Consume the whole stream and return the answer."""
-        return "".join([delta async for delta in self])
-
 
 def _result(text: str, context: LocalContext, usage: Usage, started: float) -> SearchResult:
     usage = usage.of_one_call()

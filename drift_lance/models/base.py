@@ -207,6 +207,10 @@ class GeneratorStream:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def text(self) -> str:
+        """Consume the whole stream and return the answer."""
+        return "".join([delta async for delta in self])
+
 
 async def _no_deltas() -> AsyncIterator[str]:
     return
