@@ -142,6 +142,9 @@ def run_case(target: str, timeout_s: float | None = None, *, python: str | None 
     case keeps one case's memory and caches out of the next one's numbers."""
     spec = json.dumps({"target": target, "kwargs": kwargs})
     env = child_env(env)
+    # An earlier case's writes (a 10^6 x 1536 ingest leaves GBs to flush) go to disk now, not
+    # while this case times queries that read the same disk.
+    os.sync()
     proc = subprocess.run(
         [python or sys.executable, "-m", "benchmarks._worker", spec],
         capture_output=True,

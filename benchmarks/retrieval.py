@@ -114,7 +114,11 @@ def build_index_case(db: str, index_type: str, build: dict[str, Any]) -> dict[st
     table = lancedb.connect(db).open_table(TABLE)
     started = time.perf_counter()
     table.create_index("vector", config=config_cls(distance_type="cosine", **build), replace=True)
-    return {"index_build_s": time.perf_counter() - started}
+    build_s = time.perf_counter() - started
+    # What LanceDB built, defaults included: lancedb 0.41 moved IVF_RQ's code width from 1 to 5 bits.
+    (index,) = [i for i in table.list_indices() if "vector" in i.columns]
+    return {"index_build_s": build_s, "index_details": getattr(index, "index_details", None),
+            "index_bytes": getattr(index, "size_bytes", None)}
 
 
 def drop_index_case(db: str) -> dict[str, Any]:
@@ -352,7 +356,9 @@ def _measure_threads(search: Callable[[np.ndarray], list[int]], qv: np.ndarray, 
 
 def _warmup_note(other: bool, count: int) -> str:
     """What ran untimed before a case's timed queries, as the engine's records say it."""
-    return f"{count} other queries" if other else f"the first {count} timed queries"
+    if other:
+        return f"{count} other queries"
+    return "the first timed query" if count == 1 else f"the first {count} timed queries"
 
 
 def _case_summary(params: dict[str, Any], latencies: Sequence[float], found: list[list[int]],
@@ -394,8 +400,14 @@ def build_and_query(meta: dict[str, Any], spec: IndexSpec, grid: list[dict[str, 
                             index_type=spec.index_type, build=spec.build, build_s=built["index_build_s"],
                             benchmark=benchmark)
     for r in records:
-        r.extra["index_build_peak_rss_mb"] = built["peak_rss_mb"]
+        r.extra |= _built_extra(built)
     return records
+
+
+def _built_extra(built: dict[str, Any]) -> dict[str, Any]:
+    """What a record keeps of its index build: its peak RSS, size and LanceDB's own description."""
+    return {"index_build_peak_rss_mb": built["peak_rss_mb"], "index_bytes": built.get("index_bytes"),
+            "index_details": built.get("index_details")}
 
 
 def run_sweep(rows: int, dim: int, queries: int, out: Path, work: Path,
@@ -475,7 +487,7 @@ def run_retrieval(rows: int, dim: int, queries: int, out: Path, work: Path, *,
             rows=rows, dim=dim, method="lancedb_ann", concurrent=True, index_type=spec.index_type,
             build=spec.build, build_s=built["index_build_s"])
         for r in headline:
-            r.extra["index_build_peak_rss_mb"] = built["peak_rss_mb"]
+            r.extra |= _built_extra(built)
         if "numpy_exact" in methods:
             sample = min(queries, PAIRED_QUERIES)
             log(f"  lancedb ANN vs numpy brute force, alternating on the same {sample} queries")

@@ -79,6 +79,8 @@ def test_quick_retrieval_compares_all_methods_against_exact(quick_results):
         assert r["qps"] > 0 and r["qps_concurrent"] > 0 and r["concurrency"] == 8
     ann = records["lancedb_ann"]
     assert ann["index_type"] in {"IVF_PQ", "IVF_HNSW_SQ", "IVF_FLAT", "IVF_RQ"} and ann["index_build_s"] > 0
+    # what LanceDB built, its defaults included (lancedb 0.41 changed IVF_RQ's code width)
+    assert ann["extra"]["index_bytes"] > 0 and ann["extra"]["index_details"]["metric_type"] == "COSINE"
     assert ann["extra"]["paired_queries"] == QUICK["queries"] and ann["extra"]["paired_speedup"] == pytest.approx(
         ann["extra"]["paired_numpy_p50_ms"] / ann["extra"]["paired_ann_p50_ms"], rel=1e-2)
     sweep_types = {r["index_type"] for r in load_records(quick_results, "sweep")}
