@@ -348,3 +348,28 @@ async def test_context_records_serialize_like_their_frames(dulce_store, golden_l
     assert list(serialized) == list(SECTIONS)
     assert serialized == {name: context.records[name].to_dicts() for name in SECTIONS}
     assert any(serialized[name] for name in SECTIONS)
+
+
+def _graphrag_cases() -> list[dict[str, Any]]:
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "local_context_graphrag_cases.json"
+    return json.loads(path.read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", _graphrag_cases(), ids=lambda case: case["name"])
+async def test_settings_beyond_the_golden_file_match_graphrag(dulce_store, case):
+    """Cases from a differential run against graphrag 3.3.0 (fresh builder per case), on settings the
+    golden file never varies; the query vector is an entity's own embedding. Each failed before:
+    rank_sort printed the reports in community-match order."""
+    context = await _build_fixture_case(dulce_store, case)
+    assert _record_ids(context) == {name: case["records"].get(name, []) for name in SECTIONS}, case["why"]
+    assert context.context_text == case["context_text"], case["why"]
+
+
+async def _build_fixture_case(store, case: dict[str, Any], **overrides: Any):
+    vector = (await store.fetch("entities", "human_readable_id", [case["entity_vector"]], columns=["vector"]))["vector"][0]
+    return await LocalContextBuilder(store).build(
+        case["query"], query_vector=vector.to_numpy(), conversation_history=case["conversation_history"],
+        **{**case["params"], **overrides},
+    )

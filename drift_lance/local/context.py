@@ -483,8 +483,11 @@ class LocalContextBuilder:
                     row.append(str(report["rank"]))
                 yield row
 
+        # With the rank column shown, graphrag re-sorts the reports that fit by rank alone
+        # (_rank_report_context), so the community-match order no longer shows in the text.
         section = render_csv_section(
-            cfg.community_context_name, header, rows(), budget=budget, counter=counter, delimiter=cfg.column_delimiter
+            cfg.community_context_name, header, rows(), budget=budget, counter=counter, delimiter=cfg.column_delimiter,
+            reorder=_by_rank_as_graphrag if cfg.include_community_rank else None,
         )
         if not section.rows and cfg.reproduce_reference_defects:
             section.text = "[]"  # graphrag 3.x writes str([]) when no report fits
@@ -751,6 +754,15 @@ def _group_claims(claims: pl.DataFrame) -> dict[str, list[list[str]]]:
         row += [str(claim[name]) if claim[name] else "" for name in CLAIM_ATTRIBUTES]
         grouped.setdefault(claim["subject_id"], []).append(row)
     return grouped
+
+
+def _by_rank_as_graphrag(rows: list[list[str]]) -> list[list[str]]:
+    """Report rows (rank last) in the order graphrag's `sort_values("rank", ascending=False)` gives:
+    pandas argsorts the reversed column with numpy's quicksort and reverses the result. That sort is
+    not stable (equal ranks can swap), so it is replayed as is rather than as a stable sort."""
+    reversed_ranks = np.array([float(row[-1]) for row in reversed(rows)])
+    order = (len(rows) - 1 - np.argsort(reversed_ranks, kind="quicksort"))[::-1]
+    return [rows[i] for i in order]
 
 
 def _estimated_fit(ranked: list[str], estimates: dict[str, int | None], budget: int) -> int:

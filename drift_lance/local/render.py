@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -167,9 +167,11 @@ def render_csv_section(
     budget: int,
     counter: TokenCounter,
     delimiter: str,
+    reorder: Callable[[list[list[str]]], list[list[str]]] | None = None,
 ) -> RenderedSection:
     """graphrag's single-batch community-report section: rows budgeted as delimiter-joined lines,
-    then written as CSV. No row fitting gives an empty section (text "")."""
+    then written as CSV. No row fitting gives an empty section (text ""). `reorder` puts the rows
+    that fit in the order they are written (graphrag sorts the batch it cut by its rank column)."""
     used = counter.count(section_head(name, header, delimiter))
     kept: list[list[str]] = []
     for row in rows:
@@ -180,6 +182,8 @@ def render_csv_section(
         used += line_tokens
     if not kept:
         return RenderedSection("", header, [])
+    if reorder is not None:
+        kept = reorder(kept)
     text = f"-----{name}-----\n" + to_csv(header, kept, delimiter)
     return RenderedSection(text, header, kept)  # tokens unused: nothing budgets against this text
 
