@@ -7,7 +7,9 @@ context text.
 Where we allow a difference, and only there:
 - default settings fix two graphrag defects (issue 4 allows it): an empty Reports section rendered as
   the literal "[]", and a bare Entities header when the entity budget is zero. The expected text is
-  the golden text with exactly those two fragments removed (`_without_reference_defects`).
+  the golden text with exactly those two fragments removed (`_without_reference_defects`). The
+  golden file only uses "|", so the third fixed defect (Sources always "|"-separated) shows in the
+  fixture cases at the end.
 - graphrag's builder keeps each relationship's `links` attribute across queries, so a later context
   can show a value computed for an earlier query. The golden file was produced by one builder, case
   after case; `carry_relationship_links=True` on one builder reproduces that, byte for byte. With the
@@ -361,7 +363,8 @@ def _graphrag_cases() -> list[dict[str, Any]]:
 async def test_settings_beyond_the_golden_file_match_graphrag(dulce_store, case):
     """Cases from a differential run against graphrag 3.3.0 (fresh builder per case), on settings the
     golden file never varies; the query vector is an entity's own embedding. Each failed before:
-    rank_sort printed the reports in community-match order."""
+    rank_sort printed the reports in community-match order, sources_delimiter used the configured
+    delimiter in Sources."""
     context = await _build_fixture_case(dulce_store, case)
     assert _record_ids(context) == {name: case["records"].get(name, []) for name in SECTIONS}, case["why"]
     assert context.context_text == case["context_text"], case["why"]

@@ -62,9 +62,10 @@ class LocalSearchConfig(BaseModel):
     reproduce_reference_defects: bool = Field(
         False,
         description=(
-            "Render graphrag 3.x's two empty-section defects verbatim: an empty Reports section as the "
-            "literal '[]', and an Entities header with no rows when the local budget is zero. "
-            "Off (default): both are left out of the context."
+            "Render graphrag 3.x's defects verbatim: an empty Reports section as the literal '[]', an "
+            "Entities header with no rows when the local budget is zero, and a Sources section "
+            "separated by '|' whatever column_delimiter says. Off (default): the empty sections are "
+            "left out and Sources uses column_delimiter."
         ),
     )
     carry_relationship_links: bool = Field(

@@ -623,6 +623,7 @@ class LocalContextBuilder:
         estimates = dict(zip(unit_ids, units["n_tokens"].to_list()))  # None counts as 0
         texts: dict[str, str] = {}
         fetch_upto = _estimated_fit(ranked, estimates, budget)
+        delimiter = _sources_delimiter(cfg)
         while True:
             missing = [u for u in ranked[:fetch_upto] if u not in texts]
             if missing:
@@ -634,7 +635,7 @@ class LocalContextBuilder:
                 ([_short_id(short_ids[u]), _text(texts.get(u))] for u in ranked[:fetch_upto]),
                 budget=budget,
                 counter=counter,
-                delimiter=cfg.column_delimiter,
+                delimiter=delimiter,
             )
             # Done when a unit did not fit, or every ranked unit was offered.
             if len(section.rows) < fetch_upto or fetch_upto >= len(ranked):
@@ -763,6 +764,12 @@ def _by_rank_as_graphrag(rows: list[list[str]]) -> list[list[str]]:
     reversed_ranks = np.array([float(row[-1]) for row in reversed(rows)])
     order = (len(rows) - 1 - np.argsort(reversed_ranks, kind="quicksort"))[::-1]
     return [rows[i] for i in order]
+
+
+def _sources_delimiter(cfg: LocalSearchConfig) -> str:
+    """graphrag 3.x never passes column_delimiter to its Sources section, which is always
+    "|"-separated; only reproduce_reference_defects copies that."""
+    return "|" if cfg.reproduce_reference_defects else cfg.column_delimiter
 
 
 def _estimated_fit(ranked: list[str], estimates: dict[str, int | None], budget: int) -> int:
