@@ -364,7 +364,7 @@ async def test_settings_beyond_the_golden_file_match_graphrag(dulce_store, case)
     """Cases from a differential run against graphrag 3.3.0 (fresh builder per case), on settings the
     golden file never varies; the query vector is an entity's own embedding. Each failed before:
     rank_sort printed the reports in community-match order, sources_delimiter used the configured
-    delimiter in Sources."""
+    delimiter in Sources, history_header left out the header graphrag prints when no turn fits."""
     context = await _build_fixture_case(dulce_store, case)
     assert _record_ids(context) == {name: case["records"].get(name, []) for name in SECTIONS}, case["why"]
     assert context.context_text == case["context_text"], case["why"]
@@ -376,3 +376,12 @@ async def _build_fixture_case(store, case: dict[str, Any], **overrides: Any):
         case["query"], query_vector=vector.to_numpy(), conversation_history=case["conversation_history"],
         **{**case["params"], **overrides},
     )
+
+
+async def test_default_mode_keeps_the_delimiter_in_sources_and_no_empty_history(dulce_store):
+    """The two graphrag quirks that reproduce_reference_defects copies stay out by default."""
+    cases = {case["name"]: case for case in _graphrag_cases()}
+    sources = await _build_fixture_case(dulce_store, cases["sources_delimiter"], reproduce_reference_defects=False)
+    assert "-----Sources-----\nid;text\n" in sources.context_text
+    history = await _build_fixture_case(dulce_store, cases["history_header"], reproduce_reference_defects=False)
+    assert "Conversation History" not in history.context_text

@@ -63,9 +63,10 @@ class LocalSearchConfig(BaseModel):
         False,
         description=(
             "Render graphrag 3.x's defects verbatim: an empty Reports section as the literal '[]', an "
-            "Entities header with no rows when the local budget is zero, and a Sources section "
-            "separated by '|' whatever column_delimiter says. Off (default): the empty sections are "
-            "left out and Sources uses column_delimiter."
+            "Entities header with no rows when the local budget is zero, a Conversation History "
+            "header with no turns when none fits, and a Sources section separated by '|' whatever "
+            "column_delimiter says. Off (default): the empty sections are left out and Sources uses "
+            "column_delimiter."
         ),
     )
     carry_relationship_links: bool = Field(

@@ -288,6 +288,7 @@ class LocalContextBuilder:
                 user_turns_only=cfg.conversation_history_user_turns_only,
                 max_tokens=budget,
                 delimiter=cfg.column_delimiter,
+                empty_header=cfg.reproduce_reference_defects,
             )
             if history_text.strip():
                 parts.append(history_text)

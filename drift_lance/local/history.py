@@ -81,9 +81,11 @@ class ConversationHistory:
         user_turns_only: bool,
         max_tokens: int,
         delimiter: str,
+        empty_header: bool = False,
     ) -> str:
         """The "-----Conversation History-----" table: turn|content rows, oldest first, cut before
-        the first QA turn that would overflow `max_tokens`. "" when nothing fits."""
+        the first QA turn that would overflow `max_tokens`. "" when nothing fits, or with
+        `empty_header` graphrag's text for that case: the header over an empty table ("\n")."""
         pairs = self._qa_turns(user_turns_only)
         if max_turns:
             pairs = pairs[:max_turns]  # graphrag keeps the first turns (no recency bias here)
@@ -96,4 +98,6 @@ class ConversationHistory:
             if counter.count(candidate_text) > max_tokens:
                 break
             rows, text = candidate, candidate_text
+        if not rows and pairs and empty_header:
+            return head + "\n"  # pandas writes an empty DataFrame as one blank line
         return text
