@@ -385,3 +385,13 @@ async def test_default_mode_keeps_the_delimiter_in_sources_and_no_empty_history(
     assert "-----Sources-----\nid;text\n" in sources.context_text
     history = await _build_fixture_case(dulce_store, cases["history_header"], reproduce_reference_defects=False)
     assert "Conversation History" not in history.context_text
+
+
+async def test_default_mode_keeps_rows_that_fit_beside_a_bare_entities_header(dulce_store):
+    """No entity row fits, but a claim row does: graphrag prints it under a bare Entities header.
+    The default used to drop the whole block, claim included; now only the bare header goes."""
+    case = next(case for case in _graphrag_cases() if case["name"] == "bare_entities")
+    context = await _build_fixture_case(dulce_store, case, reproduce_reference_defects=False)
+    assert context.record_ids("claims") == case["records"]["claims"] != []
+    # "[]" and the bare header go; here the header is followed by the sections, not by another header
+    assert context.context_text == _without_reference_defects(case["context_text"]).replace(BARE_ENTITIES, "", 1)

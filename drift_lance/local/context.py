@@ -514,8 +514,9 @@ class LocalContextBuilder:
         entities = render_table_section(
             "Entities", entity_header, _entity_rows(selected, cfg), budget=budget, counter=counter, delimiter=delimiter
         )
-        if not entities.rows and not cfg.reproduce_reference_defects:
-            return "", empty  # graphrag would print a bare Entities header here
+        bare_entities = not entities.rows and not cfg.reproduce_reference_defects
+        if bare_entities and entities.tokens >= budget:
+            return "", empty  # not even a relationship or claim row can fit beside the header
 
         titles = selected["title"].to_list()
         claims_active = cfg.include_claims and self.store.has_table(schema.COVARIATES)
@@ -566,6 +567,12 @@ class LocalContextBuilder:
         records["entities"] = entities
         for name, section in kept.items():
             records[name] = section
+        if bare_entities:
+            # graphrag prints the Entities header without rows; the relationships and claims that
+            # fit beside it are kept (a long entity description must not drop a short relationship).
+            if not any(section.rows for section in kept.values()):
+                return "", empty
+            return "\n\n".join(part for part in kept_parts if part), records
         return entities.text + "\n\n" + "\n\n".join(kept_parts), records
 
     def _relationship_section(
