@@ -180,7 +180,7 @@ def recalibrate_case(db: str, recall: float) -> dict[str, Any]:
 def engine_search_case(db: str, data_dir: str, concurrency: int = 8, nprobes: int | None = None) -> dict[str, Any]:
     """`store.search("entities", q, 10)` exactly as the engine calls it (with `nprobes`: as a store
     configured with `search.nprobes`)."""
-    from benchmarks.retrieval import paced_cpu_ms
+    from benchmarks.retrieval import _warmup_note, paced_cpu_ms
     from drift_lance._lance_store import open_store
     from drift_lance.config.ingest import SearchTuning, StoreConfig
 
@@ -235,7 +235,7 @@ def engine_search_case(db: str, data_dir: str, concurrency: int = 8, nprobes: in
             return {
                 **latency_summary(latencies), "qps": len(qv) / serial_s, "qps_concurrent": len(qv) / conc_s,
                 "recall_at_10": recall_at_k(found + warm_found, truth, K), "recall_queries": len(every_query),
-                "warmup": f"{len(warm)} other queries",
+                "warmup": _warmup_note(True, len(warm)),
                 "recall_at_10_timed": recall_at_k(found, truth[: len(qv)], K), "queries": len(qv), "open_s": open_s,
                 "first_query_ms": first_ms, "paced_cpu_ms": paced, "index_type": info.vector_index,
                 "probing": probing if info.vector_index else None,

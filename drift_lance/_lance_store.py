@@ -104,6 +104,17 @@ async def list_table_names(db: Any) -> set[str]:
             return set(names)
 
 
+def cache_overflow_warning(table: str, index_bytes: int | None, cache_bytes: int | None) -> str | None:
+    """Why queries of `table` will be slow, when its vector index (`index_bytes`) is larger than the
+    index cache: every query then re-reads the partitions it probes (an index built with lancedb
+    0.41's 5-bit default at 10^6 x 1536, 985 MB against 512 MiB: 20-35 ms a query instead of ~9)."""
+    if not index_bytes or cache_bytes is None or index_bytes <= cache_bytes:
+        return None
+    return (f"table {table!r}: its vector index ({index_bytes / 2**20:,.0f} MiB) is larger than "
+            f"store.index_cache_bytes ({cache_bytes / 2**20:,.0f} MiB), so queries re-read partitions: raise "
+            "index_cache_bytes, or re-ingest (ingest builds 1-bit IVF_RQ codes, vector_index.num_bits)")
+
+
 class LanceStore:
     """Read access to one ingested index, pinned to one manifest generation."""
 
@@ -529,16 +540,10 @@ class LanceStore:
         return sizes[0] if sizes else None
 
     async def index_cache_warning(self, table: str) -> str | None:
-        """Why queries of `table` will be slow, when its vector index is larger than the index cache:
-        every query then re-reads the partitions it probes (an index built with lancedb 0.41's 5-bit
-        default at 10^6 x 1536, 985 MB against 512 MiB: 20-35 ms a query instead of ~9)."""
-        cache_bytes = self.config.index_cache_bytes
+        """Why queries of `table` will be slow, when its vector index is larger than the index cache
+        (see `cache_overflow_warning`)."""
         index_bytes = await self.vector_index_bytes(table) if self.manifest.tables[table].vector_index else None
-        if not index_bytes or cache_bytes is None or index_bytes <= cache_bytes:
-            return None
-        return (f"table {table!r}: its vector index ({index_bytes / 2**20:,.0f} MiB) is larger than "
-                f"store.index_cache_bytes ({cache_bytes / 2**20:,.0f} MiB), so queries re-read partitions: raise "
-                "index_cache_bytes, or re-ingest (ingest builds 1-bit IVF_RQ codes, vector_index.num_bits)")
+        return cache_overflow_warning(table, index_bytes, self.config.index_cache_bytes)
 
     async def close(self) -> None:
         """Close the tables and drop the caches; using the store afterwards raises StoreError."""

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 async def describe(uri: str, storage_options: dict[str, str] | None = None, config: Any = None) -> dict[str, Any]:
     """The database at `uri` as a JSON-able dict: manifest, generations, per-table details."""
-    from drift_lance._lance_store import open_store
+    from drift_lance._lance_store import cache_overflow_warning, open_store
     from drift_lance.cli.ingest_cmd import probing_line
 
     store = await open_store(uri, storage_options=storage_options, config=config)
@@ -47,7 +47,7 @@ async def describe(uri: str, storage_options: dict[str, str] | None = None, conf
         generations = await store.generations()
         probing = {
             name: probing_line(info, store.config.search) + _clamp_note(info, store.config.search)
-            + _warning_note(await store.index_cache_warning(name))
+            + _warning_note(cache_overflow_warning(name, tables[name]["vector_index_bytes"], store.config.index_cache_bytes))
             for name, info in store.manifest.tables.items() if info.vector_index
         }
         return {

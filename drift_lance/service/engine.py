@@ -29,10 +29,10 @@ from drift_lance.service.backend import EventSink, Method, Readiness
 from drift_lance.service.errors import ApiError
 from drift_lance.service.events import ActionEvent, PrimerEvent, TokenEvent, search_event
 from drift_lance.service.generations import ReloadResult, ServingStores, same_manifest
-
-log = logging.getLogger(__name__)
 from drift_lance.service.metrics import CountedChat
 from drift_lance.store import IndexStore, Manifest
+
+log = logging.getLogger(__name__)
 
 
 class EngineBackend:
