@@ -75,6 +75,7 @@ def render(records: list[dict[str, Any]]) -> str:
         f"Rule: lowest p50 top-10 latency among settings with recall@10 >= {RECALL_TARGET} against exact",
         "cosine search. Cosine metric. Synthetic clustered vectors (benchmarks/vectors.py), queries",
         "from the same distribution. Machine: see records in benchmarks/results/sweep.json.",
+        _versions_line(records),
         "",
         "Index types measured: " + ", ".join(sorted({r["index_type"] for r in records})) + " (of IVF_FLAT, IVF_PQ, IVF_RQ, IVF_HNSW_SQ).",
         "",
@@ -103,6 +104,15 @@ def render(records: list[dict[str, Any]]) -> str:
               "IVF_PQ / IVF_FLAT / IVF_RQ: num_partitions = round(sqrt(rows)); IVF_PQ num_sub_vectors = dim/16;",
               "IVF_HNSW_SQ: num_partitions = max(1, rows // 250000), m = 20, ef_construction = 150.", ""]
     return "\n".join(lines)
+
+
+def _versions_line(records: list[dict[str, Any]]) -> str:
+    """Which LanceDB built the indexes: its defaults move (IVF_RQ's num_bits went from 1 to 5 in
+    lancedb 0.41), and the sweep builds with them, as `lancedb_ann` does."""
+    seen = sorted({f"lancedb {v.get('lancedb', '?')}, pylance {v.get('pylance', '?')}"
+                   for r in records if (v := r.get("versions"))})
+    return (f"Built with LanceDB's defaults for each index type ({'; '.join(seen) or 'versions not recorded'}); "
+            "IVF_RQ's default is 1-bit codes before lancedb 0.41 and 5-bit from it.")
 
 
 def _kv(d: dict[str, Any]) -> str:

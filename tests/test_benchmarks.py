@@ -378,6 +378,9 @@ def test_a_dimension_not_a_multiple_of_16_is_swept_and_queried(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "IVF_RQ skipped: LanceDB's RaBitQ codes need a multiple of 8 dimensions, not 300" in proc.stderr
     assert {r["index_type"] for r in load_records(out, "sweep")} == {"IVF_PQ"}
+    # the recommendation says which LanceDB's defaults built the indexes (IVF_RQ's changed in 0.41)
+    import lancedb
+    assert f"lancedb {lancedb.__version__}" in (out / "ann-recommendation.md").read_text()
 
 
 def test_write_records_replaces_same_case_and_keeps_others(tmp_path):
