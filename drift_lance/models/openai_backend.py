@@ -324,6 +324,12 @@ class _CappedStream(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
+# What a model call can fail with, request or stream, each described by `_describe`: the SDK's errors,
+# timeouts, and bodies that are not what the protocol says.
+_CALL_FAILURES = (openai.APIError, TimeoutError, json.JSONDecodeError, _WebPageResponse, _NestedTooDeep,
+                  _UnreadableResponse, _ResponseTooLarge, _StreamTooLong)
+
+
 def _is_event_stream(response: httpx2.Response) -> bool:
     return response.headers.get("content-type", "").startswith("text/event-stream")
 
@@ -513,8 +519,7 @@ class _Endpoint:
                                 if _unreadable(exc):
                                     raise _UnreadableResponse(exc) from exc
                                 raise
-        except (openai.APIError, TimeoutError, json.JSONDecodeError, _WebPageResponse, _NestedTooDeep,
-                _UnreadableResponse, _ResponseTooLarge, _StreamTooLong) as exc:
+        except _CALL_FAILURES as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
             reason, status, failure = _describe(exc, s.request_timeout)
             tries = f" after {attempts} attempts" if attempts > 1 else ""
@@ -913,15 +918,12 @@ class OpenAIChatStream(GeneratorStream):
                                 raise _ResponseTooLarge(limit, "characters of answer")
                             parts.append(delta)
                             yield delta
-            except (openai.APIError, _ResponseTooLarge, _StreamTooLong) as exc:
+            except _CALL_FAILURES as exc:  # a JSONDecodeError: a chunk whose data is not JSON
                 reason, status, failure = _describe(exc, model.settings.request_timeout)
                 raise ModelRequestError(
                     f"chat model {model.model_id!r} stream failed: {reason}{model._endpoint._hint(status, failure)}",
                     status=status, failure=failure
                 ) from exc
-            except json.JSONDecodeError as exc:  # a chunk whose data is not JSON
-                raise ModelRequestError(f"chat model {model.model_id!r} stream failed: malformed response body: {exc}",
-                                        failure="malformed") from exc
             except RecursionError:  # a chunk the SDK's JSON decoder cannot go deep enough for
                 raise ModelRequestError(f"chat model {model.model_id!r} stream failed: malformed response body: a "
                                         "chunk's JSON is nested too deeply to decode", failure="malformed") from None
