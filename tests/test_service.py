@@ -409,7 +409,8 @@ def test_an_endless_model_answer_fails_its_search_and_the_service_goes_on(servic
 
 def test_a_request_the_http_parser_refuses_gets_the_json_error_shape(service_settings, live_server):
     """A header line without a colon never reaches the app (the HTTP parser refuses it); the 400
-    still comes in the one error shape clients parse, and the connection is closed."""
+    still comes in the one error shape clients parse, with an X-Request-ID like every other answer
+    (it had none), and the connection is closed."""
     import json
     import socket
 
@@ -424,6 +425,8 @@ def test_a_request_the_http_parser_refuses_gets_the_json_error_shape(service_set
     head, _, body = received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower()
     assert json.loads(body)["error"]["code"] == "invalid_http"
+    ids = [line.split(b":", 1)[1].strip() for line in head.split(b"\r\n") if line.lower().startswith(b"x-request-id:")]
+    assert len(ids) == 1 and ids[0]
 
 
 def test_slow_senders_lose_their_connection(service_settings, live_server):

@@ -13,7 +13,7 @@ from typing import Any
 
 from drift_lance.service.errors import internal_error
 
-__all__ = ["HEADER", "RequestIds", "current_request_id", "declare_request_ids", "install_log_request_ids"]
+__all__ = ["HEADER", "RequestIds", "current_request_id", "declare_request_ids", "install_log_request_ids", "new_request_id"]
 
 HEADER = "x-request-id"
 _NO_REQUEST = "-"
@@ -27,6 +27,11 @@ log = logging.getLogger("drift_lance.service")
 def current_request_id() -> str:
     """The id of the request being served on this task, or "-" outside a request."""
     return _current.get()
+
+
+def new_request_id() -> str:
+    """An id for a request whose client sent no usable one."""
+    return uuid.uuid4().hex
 
 
 def install_log_request_ids() -> None:
@@ -58,7 +63,7 @@ class RequestIds:
             await self.app(scope, receive, send)
             return
         sent = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == HEADER.encode()), "")
-        request_id = sent if _USABLE.fullmatch(sent) else uuid.uuid4().hex
+        request_id = sent if _USABLE.fullmatch(sent) else new_request_id()
         token = _current.set(request_id)
         started = False
 

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from drift_lance.config.settings import Settings
 from drift_lance.service.backend import SearchBackend
 from drift_lance.service.errors import ApiError
+from drift_lance.service.request_id import HEADER, new_request_id
 
 log = logging.getLogger("drift_lance.service")
 
@@ -97,9 +98,11 @@ def _service_protocol(seconds: float) -> type:
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to a malformed request line or header (h11 refused it), which it
-            sends as plain text: the same 400, in the JSON error shape every other error has."""
+            sends as plain text: the same 400, in the JSON error shape every other error has, with
+            an X-Request-ID as every other response (no request was parsed, so always a new one)."""
             refusal = ApiError(400, "invalid_http", "malformed HTTP request: its request line or a header cannot be parsed")
             headers, body = refusal.closing_response()
+            headers.append((HEADER.encode(), new_request_id().encode()))
             for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
                           h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))
