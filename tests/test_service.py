@@ -1540,3 +1540,31 @@ def test_metrics_can_be_turned_off(service_settings, live_server):
     with srv.client() as client:
         assert client.get("/metrics").status_code == 404
         assert "/metrics" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_metrics_count_the_model_calls_and_tokens_of_searches_that_failed(service_settings, live_server):
+    """A DRIFT search whose reduce fails has paid for its HyDE, primer and follow-up calls; it has no
+    result to take per-stage counts from, so those calls and tokens are counted under stage
+    `failed` (blocking and streamed alike), as the model reported them."""
+    from drift_lance.models.base import ModelRequestError
+    from drift_lance.testing import ScriptedChatModel
+
+    def answer(messages, params, response_model):
+        text = drift_responder(messages, params, response_model)
+        return ModelRequestError("chat model failed: HTTP 500", status=500) if text == REDUCE_ANSWER else text
+
+    model = ScriptedChatModel(answer, model_id="scripted")
+    srv = start(live_server, service_settings, model)
+    with srv.client() as client:
+        for path in ("/v1/search", "/v1/search/stream"):
+            before, calls_before, usage_before = scrape(client), len(model.calls), model.usage
+            failed = client.post(path, json={"query": "Who restored the lighthouse?"})
+            after = scrape(client)
+            code = failed.json()["error"]["code"] if path == "/v1/search" else read_sse(failed)[-1][1]["error"]["code"]
+            assert code == "model_error"
+            counted = {name: moved(before, after, f"drift_lance_{name}_total", method="drift", stage="failed")
+                       for name in ("llm_calls", "llm_prompt_tokens", "llm_output_tokens")}
+            assert counted == {"llm_calls": len(model.calls) - calls_before,  # the failed reduce is a call too
+                               "llm_prompt_tokens": model.usage.prompt_tokens - usage_before.prompt_tokens,
+                               "llm_output_tokens": model.usage.output_tokens - usage_before.output_tokens}
+            assert counted["llm_prompt_tokens"] > 0 and counted["llm_calls"] > 2

@@ -34,7 +34,7 @@ from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, cancelled_by_shutdown, error_responses, install_error_handlers
 from drift_lance.service.events import add_stream_events
 from drift_lance.service.limits import BodySizeLimit, SearchSlots, overridable_fields, resolve_search_config
-from drift_lance.service.metrics import CountRequests, ServiceMetrics
+from drift_lance.service.metrics import CountRequests, SearchUsage, ServiceMetrics, tallied
 from drift_lance.service.request_id import RequestIds, declare_request_ids, install_log_request_ids
 from drift_lance.service.sse import SearchEventStream, wait_for_disconnect
 from drift_lance.store import Manifest
@@ -437,8 +437,9 @@ def _api_routes(state: _ServiceState) -> APIRouter:
         method, config = _validated(state, body)
         started = state.start_search(method)
         outcome, result = "cancelled", None  # what a cancelled request (shutdown) ends as
+        usage = SearchUsage()
         try:
-            task = asyncio.create_task(state.backend.search(body.query, method, config))
+            task = asyncio.create_task(tallied(lambda: state.backend.search(body.query, method, config), usage))
             state.slots.track(task)
             result = await _await_unless_disconnected(task, request, cfg.search_timeout_seconds)
             outcome = "ok"
@@ -451,7 +452,7 @@ def _api_routes(state: _ServiceState) -> APIRouter:
             raise mapped from exc
         finally:
             state.slots.release()
-            state.metrics.search_ended(method, started, outcome, result)
+            state.metrics.search_ended(method, started, outcome, result, usage)
         if not body.include_context:
             result = result.model_copy(update={"context_data": {}, "context_text": ""})
         return JSONResponse(_public_result(result.model_dump(mode="json")))
@@ -474,14 +475,15 @@ def _api_routes(state: _ServiceState) -> APIRouter:
     async def search_stream(body: SearchRequest) -> Response:
         method, config = _validated(state, body)
         started = state.start_search(method)
+        usage = SearchUsage()
         stream = SearchEventStream(
-            lambda sink: state.backend.search(body.query, method, config, sink),
+            lambda sink: tallied(lambda: state.backend.search(body.query, method, config, sink), usage),
             timeout=cfg.search_timeout_seconds,
             keepalive=cfg.sse_keepalive_seconds,
             map_error=_map_search_error,
             on_finish=state.slots.release,
             track=state.slots.track,
-            on_end=lambda outcome, result: state.metrics.search_ended(method, started, outcome, result),
+            on_end=lambda outcome, result: state.metrics.search_ended(method, started, outcome, result, usage),
         )
         return _AsgiResponse(stream, open_streams=state.metrics.streams_open)
 

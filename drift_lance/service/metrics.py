@@ -9,7 +9,8 @@ the query, a request id or anything else a client chooses.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -24,10 +25,13 @@ from drift_lance import __version__
 from drift_lance.drift.result import SearchResult
 from drift_lance.models.base import (
     ChatModel, ChatParams, ChatResult, ChatStream, EmptyAnswerError, GeneratorStream, Message, ModelError,
-    ModelRequestError, StructuredOutputError,
+    ModelRequestError, StructuredOutputError, Usage,
 )
 
 METHODS = ("drift", "local")
+# The `stage` of the model calls of a search that was not answered: its result, and with it the
+# per-stage counts, never came.
+FAILED_STAGE = "failed"
 # From a DRIFT primer of a second to a search that runs into the default 300 s search timeout.
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 240, 300)
 
@@ -44,9 +48,37 @@ def model_failure_kind(exc: ModelError) -> str:
     return "model_error"
 
 
+class SearchUsage:
+    """The model calls one search has made so far, as each ends. A search that fails (a model
+    error, a timeout, a client that left) has no result to count its tokens from: these are what
+    it cost."""
+
+    def __init__(self) -> None:
+        self.total = Usage()
+
+    def add(self, usage: Usage | None) -> None:
+        self.total = self.total + (usage or Usage()).of_one_call()
+
+
+_search_usage: ContextVar[SearchUsage | None] = ContextVar("drift_lance_search_usage", default=None)
+
+
+async def tallied(search: Callable[[], Awaitable[SearchResult]], usage: SearchUsage) -> SearchResult:
+    """Run `search()` (as its own task) with `usage` tallying its model calls; the tasks the search
+    starts inherit it. A callable, not a coroutine: a task cancelled before it ran leaves none unawaited."""
+    _search_usage.set(usage)
+    return await search()
+
+
+def _tally(usage: Usage | None) -> None:
+    if (tally := _search_usage.get()) is not None:
+        tally.add(usage)
+
+
 class CountedChat:
     """A chat model whose calls that fail for good (after the model's own retries) are counted by
-    kind. Everything else (`model_id`, `n_ctx`, ...) is the model's."""
+    kind, and whose calls' usage goes to the running search's `SearchUsage`. Everything else
+    (`model_id`, `n_ctx`, ...) is the model's."""
 
     def __init__(self, model: ChatModel, failures: Counter):
         self._model = model  # not `model`: a model's own attribute of that name stays visible
@@ -57,14 +89,17 @@ class CountedChat:
 
     def count(self, exc: ModelError) -> None:
         self._failures.labels(model_failure_kind(exc)).inc()
+        _tally(getattr(exc, "usage", None))  # an unusable structured answer still cost its tokens
 
     async def complete(self, messages: Sequence[Message], *, params: ChatParams | None = None,
                        response_model: Any = None) -> ChatResult:
         try:
-            return await self._model.complete(messages, params=params, response_model=response_model)
+            result = await self._model.complete(messages, params=params, response_model=response_model)
         except ModelError as exc:
             self.count(exc)
             raise
+        _tally(result.usage)
+        return result
 
     def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> ChatStream:
         return _CountedStream(self, self._model.stream(messages, params=params))
@@ -86,6 +121,7 @@ class _CountedStream(GeneratorStream):
         finally:
             await self._inner.aclose()
         self.usage = self._inner.usage
+        _tally(self.usage)
 
 
 class ServiceMetrics:
@@ -114,12 +150,12 @@ class ServiceMetrics:
         self.step_failures = Counter("drift_lance_search_step_failures",
                                      "Steps an answered search had to do without, by stage", ["method", "stage"],
                                      registry=registry)
-        self.llm_calls = Counter("drift_lance_llm_calls", "LLM calls of answered searches, by stage",
-                                 ["method", "stage"], registry=registry)
-        self.prompt_tokens = Counter("drift_lance_llm_prompt_tokens", "Prompt tokens of answered searches, by stage",
-                                     ["method", "stage"], registry=registry)
-        self.output_tokens = Counter("drift_lance_llm_output_tokens", "Output tokens of answered searches, by stage",
-                                     ["method", "stage"], registry=registry)
+        by_stage = "of searches, by stage (`failed`: of searches not answered)"
+        self.llm_calls = Counter("drift_lance_llm_calls", f"LLM calls {by_stage}", ["method", "stage"], registry=registry)
+        self.prompt_tokens = Counter("drift_lance_llm_prompt_tokens", f"Prompt tokens {by_stage}", ["method", "stage"],
+                                     registry=registry)
+        self.output_tokens = Counter("drift_lance_llm_output_tokens", f"Output tokens {by_stage}", ["method", "stage"],
+                                     registry=registry)
         self.model_failures = Counter("drift_lance_model_failures",
                                       "Chat model calls that failed for good (after retries), by the failure's kind",
                                       ["kind"], registry=registry)
@@ -142,12 +178,16 @@ class ServiceMetrics:
         for outcome in ("switched", "unchanged", "failed"):
             self.reloads.labels(outcome)
 
-    def search_ended(self, method: str, started: float, outcome: str, result: SearchResult | None = None) -> None:
+    def search_ended(self, method: str, started: float, outcome: str, result: SearchResult | None = None,
+                     usage: SearchUsage | None = None) -> None:
         """Count a search that ended with `outcome` ("ok" and its result, or the error code sent);
-        `started` is its time.perf_counter() at start."""
+        `started` is its time.perf_counter() at start. A search without a result is counted with
+        the model calls it made (`usage`), under stage "failed"."""
         self.duration.labels(method).observe(time.perf_counter() - started)
         self.finished.labels(method, outcome).inc()
         if result is None:
+            if usage is not None and (usage.total.calls or usage.total.prompt_tokens or usage.total.output_tokens):
+                self._count_calls(method, FAILED_STAGE, usage.total)
             return
         for counter, per_stage in ((self.llm_calls, result.llm_calls_categories),
                                    (self.prompt_tokens, result.prompt_tokens_categories),
@@ -157,6 +197,11 @@ class ServiceMetrics:
                 counter.labels(method, stage).inc(count)
         if result.failures > 0:
             self.degraded.labels(method).inc()
+
+    def _count_calls(self, method: str, stage: str, usage: Usage) -> None:
+        self.llm_calls.labels(method, stage).inc(usage.calls)
+        self.prompt_tokens.labels(method, stage).inc(usage.prompt_tokens)
+        self.output_tokens.labels(method, stage).inc(usage.output_tokens)
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """The metrics and their content type, in the format the `Accept` header asks for
