@@ -952,31 +952,40 @@ def test_saturated_server_answers_429_with_retry_after(service_settings, live_se
     assert after.status_code == 200, "the slot is released after a search"
 
 
-@pytest.mark.parametrize("ends", ["done", "error"])
+@pytest.mark.parametrize("ends", ["done", "error", "timeout"])
 async def test_a_streamed_search_frees_its_slot_before_the_client_sees_the_stream_end(ends):
     """A client that reads a stream to its end and then starts its next search must find the slot
     free: it was released after the last byte went out, and the next request could arrive first
-    (4 callers running one stream at a time got 429s)."""
+    (4 callers running one stream at a time got 429s; after a stream's 504 `timeout` event, 5 of 6
+    next searches did on a server with one slot, whose timed-out search was cancelled only then)."""
     from drift_lance.drift.result import SearchResult
     from drift_lance.service.errors import ApiError
     from drift_lance.service.sse import SearchEventStream
 
-    released = []
+    released, cancelled = [], []
 
     async def run(sink):
         if ends == "error":
             raise RuntimeError("the model failed")
+        if ends == "timeout":
+            try:
+                await asyncio.Event().wait()  # a model call that never answers
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
         return SearchResult(response="answer")
 
     stream = SearchEventStream(
-        run, timeout=5, keepalive=1, map_error=lambda exc: ApiError(500, "internal", str(exc)),
+        run, timeout=0.2 if ends == "timeout" else 5, keepalive=1, map_error=lambda exc: ApiError(500, "internal", str(exc)),
         on_finish=lambda: released.append(True), track=lambda task: None,
     )
-    seen_at_end = []
+    seen_at_end, events = [], []
 
     async def send(message):
+        events.append(message.get("body", b""))
         if message["type"] == "http.response.body" and not message.get("more_body"):
             seen_at_end.append(list(released))
+            assert cancelled == ([True] if ends == "timeout" else []), "the timed-out search was still running"
 
     async def receive():
         await asyncio.Event().wait()  # the client stays connected
@@ -984,6 +993,7 @@ async def test_a_streamed_search_frees_its_slot_before_the_client_sees_the_strea
     await stream({"type": "http"}, receive, send)
     assert seen_at_end == [[True]], "the slot was still held when the stream's end was sent"
     assert released == [True]  # and released once
+    assert (b'"code":"timeout"' in b"".join(events)) == (ends == "timeout")
 
 
 

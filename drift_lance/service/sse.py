@@ -152,6 +152,10 @@ class SearchEventStream:
                 break
             if loop.time() >= deadline:
                 log.warning("search timed out after %gs; cancelling it and its model calls", self._timeout)
+                # Ended and its slot free before the client can see the stream end, as a finished search's.
+                search.cancel()
+                await asyncio.gather(search, return_exceptions=True)
+                release()
                 err = ApiError(504, "timeout", f"search exceeded {self._timeout:g}s")
                 end(err.code)
                 await emit("error", err.payload())
