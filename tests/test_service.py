@@ -410,13 +410,15 @@ def test_an_endless_model_answer_fails_its_search_and_the_service_goes_on(servic
 def test_a_request_the_http_parser_refuses_gets_the_json_error_shape(service_settings, live_server):
     """A header line without a colon never reaches the app (the HTTP parser refuses it); the 400
     still comes in the one error shape clients parse, with an X-Request-ID like every other answer
-    (it had none), and the connection is closed."""
+    (it had none), counted in /metrics (it was not), and the connection is closed."""
     import json
     import socket
 
     app = create_app(service_settings, backend=make_backend(service_settings))
     server = live_server(app, settings=service_settings)  # uvicorn configured as `drift-lance serve` does
     host, port = server.base_url.split("//")[1].split(":")
+    with server.client() as client:
+        before = scrape(client)
     with socket.create_connection((host, int(port)), timeout=5) as conn:
         conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nnot a header\r\n\r\n")
         received = b""
@@ -427,6 +429,8 @@ def test_a_request_the_http_parser_refuses_gets_the_json_error_shape(service_set
     assert json.loads(body)["error"]["code"] == "invalid_http"
     ids = [line.split(b":", 1)[1].strip() for line in head.split(b"\r\n") if line.lower().startswith(b"x-request-id:")]
     assert len(ids) == 1 and ids[0]
+    with server.client() as client:  # counted, as every answer is, under the route of an unknown path
+        assert moved(before, scrape(client), "drift_lance_http_requests_total", route="other", status="400") == 1
 
 
 def test_slow_senders_lose_their_connection(service_settings, live_server):

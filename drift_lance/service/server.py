@@ -103,6 +103,9 @@ def _service_protocol(seconds: float) -> type:
             refusal = ApiError(400, "invalid_http", "malformed HTTP request: its request line or a header cannot be parsed")
             headers, body = refusal.closing_response()
             headers.append((HEADER.encode(), new_request_id().encode()))
+            if (state := getattr(getattr(self.config.app, "state", None), "service", None)) is not None:
+                # Counted as the app counts an answer to a path it does not serve: no route was parsed.
+                state.metrics.requests.labels("other", "400").inc()
             for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
                           h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))
