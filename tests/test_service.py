@@ -889,6 +889,9 @@ def test_caps_come_from_server_config(service_settings, live_server):
         ({"query": "q", "extra": 1}, "unknown_field", "extra"),
         ({"query": "   "}, "invalid_request", "query"),
         ({}, "invalid_request", "query"),
+        ([{"query": "q"}], "invalid_request", "body"),  # not an object: the body itself is named
+        ("q", "invalid_request", "body"),
+        (7, "invalid_request", "body"),
     ],
 )
 def test_bad_requests_are_422_naming_the_field(server, body, code, field):

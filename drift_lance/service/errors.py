@@ -137,6 +137,10 @@ def validation_error(errors: list[dict] | tuple[dict, ...], *, prefix: str = "")
         return ApiError(422, "invalid_json", f"request body is not valid JSON: {first.get('msg')}")
     if not loc and first.get("type") == "missing":
         return ApiError(422, "invalid_json", 'request body is empty; send a JSON object such as {"query": "..."}')
+    if not loc and first.get("type") in ("model_attributes_type", "model_type", "dict_type"):
+        # A JSON array, string, number or null: pydantic's "valid dictionary or object to extract
+        # fields from" names no field, and is about Python objects.
+        return ApiError(422, "invalid_request", 'body: must be a JSON object such as {"query": "..."}', field="body")
     field = ".".join([prefix, *loc] if prefix else loc) or None
     code = "unknown_field" if first.get("type") == "extra_forbidden" else "invalid_request"
     message = "unknown field" if code == "unknown_field" else str(first.get("msg", "invalid value"))
