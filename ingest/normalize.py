@@ -462,8 +462,8 @@ def _documents(t: _Table) -> pl.DataFrame:
 
 
 def _degrees_from_relationships(rel: _Table) -> dict[str, int]:
-    source, target = rel.need("source"), rel.need("target")
-    ends = pl.concat([rel.frame[source].cast(_STR), rel.frame[target].cast(_STR)])
+    # typed, not cast: a list or struct column must fail naming file and column, not in polars
+    ends = pl.concat([rel.typed(rel.need("source"), _STR), rel.typed(rel.need("target"), _STR)])
     counts = ends.value_counts()
     return dict(zip(counts[ends.name].to_list(), counts["count"].to_list(), strict=True))
 
@@ -473,8 +473,8 @@ def _nodes_facts(nodes: _Table, entities: _Table) -> tuple[dict[str, int], pl.Da
     title_col = nodes.need("title", "name")
     title_to_id = dict(
         zip(
-            entities.frame[entities.need("title", "name")].cast(_STR).to_list(),
-            entities.frame[entities.need("id")].cast(_STR).to_list(),
+            entities.typed(entities.need("title", "name"), _STR).to_list(),
+            entities.typed(entities.need("id"), _STR).to_list(),
             strict=True,
         )
     )

@@ -655,6 +655,10 @@ BAD_INPUTS = {
         _change("entities.parquet", lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) < 3).then(None).otherwise(pl.col("human_readable_id")).alias("human_readable_id"))),
         ["entities.parquet", "'human_readable_id'"],
     ),
+    "list-typed relationship source": (  # read for the degrees before the relationships themselves
+        _change("relationships.parquet", lambda f: f.with_columns(pl.concat_list("source"))),
+        ["relationships.parquet", "column 'source' has type List(String), expected String"],
+    ),
     "duplicate citation ids": (
         _change("relationships.parquet", lambda f: f.with_columns(pl.lit(7).alias("human_readable_id"))),
         ["relationships.parquet", "'human_readable_id'", "duplicated"],
@@ -690,6 +694,16 @@ async def test_bad_input_is_rejected_and_writes_nothing(case, dulce_dir, tmp_pat
     for fragment in expected:
         assert fragment in str(err.value), str(err.value)
     assert not uri.exists()
+
+
+@pytest.mark.parametrize("column", ["id", "title"])
+async def test_a_legacy_entity_column_of_the_wrong_type_is_named(column, carol_dir, tmp_path):
+    """create_final_nodes maps titles to entity ids before the entities are converted: a list-typed
+    id or title stopped there with a bare polars error."""
+    src = copy_index(carol_dir, tmp_path / "src", _change("create_final_entities.parquet", lambda f: f.with_columns(pl.concat_list(column))))
+    with pytest.raises(IngestError, match=f"create_final_entities.parquet: column '{column}' has type List\\(String\\), expected String"):
+        await ingest.run_ingest(src, str(tmp_path / "db"), embedder=HashEmbedder(8), progress=False)
+    assert not (tmp_path / "db").exists()
 
 
 async def test_bad_input_leaves_existing_database_untouched(dulce_dir, tmp_path):
