@@ -136,6 +136,10 @@ def _fill_rows(matrix: np.ndarray, row: int, chunk: pa.Array, where: str) -> int
     return row + n
 
 
+# Below this a float32 norm may have lost squares to underflow (components under ~1e-19).
+_FLOAT32_NORM_FLOOR = 1e-15
+
+
 def normalise_rows(matrix: np.ndarray, where: str) -> np.ndarray:
     """Validate (finite, non-zero) and L2-normalise each row in place (cosine = dot product).
     `matrix` must be a float32 array the caller owns; it is returned."""
@@ -146,11 +150,21 @@ def normalise_rows(matrix: np.ndarray, where: str) -> np.ndarray:
         if bad.any():
             first = start + int(np.argmax(bad))
             raise IngestError(f"{where}: vectors contain NaN or inf (first at row {first})")
-        norms = np.linalg.norm(part, axis=1)
-        zero = norms == 0
-        if zero.any():
-            raise IngestError(f"{where}: vectors are all zeros (first at row {start + int(np.argmax(zero))})")
+        with np.errstate(over="ignore", under="ignore"):  # handled below
+            norms = np.linalg.norm(part, axis=1)
+        if not (odd := ~np.isfinite(norms) | (norms < _FLOAT32_NORM_FLOOR)).any():
+            part /= norms[:, None]
+            continue
+        # float32 squares overflow above ~1e19 (a zero vector would be stored) and underflow
+        # below ~1e-19 (a wrong norm, or a false "all zeros"): norm those rows in float64
+        rows = np.flatnonzero(odd)
+        wide = part[rows].astype(np.float64)
+        wide_norms = np.linalg.norm(wide, axis=1)
+        if (zero := wide_norms == 0).any():
+            raise IngestError(f"{where}: vectors are all zeros (first at row {start + int(rows[np.argmax(zero)])})")
+        norms[rows] = 1.0
         part /= norms[:, None]
+        part[rows] = wide / wide_norms[:, None]
     return matrix
 
 

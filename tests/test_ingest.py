@@ -706,6 +706,24 @@ async def test_a_legacy_entity_column_of_the_wrong_type_is_named(column, carol_d
     assert not (tmp_path / "db").exists()
 
 
+@pytest.mark.parametrize("scale", [1e20, 1e-21])
+async def test_vectors_too_large_or_small_to_square_in_float32_are_normalised(scale, dulce_dir, tmp_path):
+    """Their float32 norm overflowed to inf (a zero vector was stored) or underflowed to 0 ("all zeros")."""
+    ids, vectors = dulce_vectors(dulce_dir, "entity_description")
+
+    def scaled(root: Path) -> None:
+        shutil.rmtree(root / "lancedb" / "entity_description.lance")
+        pa_vectors = pa.array(list(vectors.astype(np.float32) * np.float32(scale)), pa.list_(pa.float32()))
+        pl.DataFrame({"id": ids, "embedding": pl.Series(pa_vectors)}).write_parquet(root / "embeddings.entity_description.parquet")
+
+    uri = str(tmp_path / "db")
+    await ingest.run_ingest(copy_index(dulce_dir, tmp_path / "src", scaled), uri, progress=False)
+    stored = await (await open_store(uri)).fetch("entities", "id", ids, columns=["id", "vector"])
+    by_id = {row["id"]: np.asarray(row["vector"]) for row in stored.iter_rows(named=True)}
+    expected = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.testing.assert_allclose(np.stack([by_id[i] for i in ids]), expected, atol=1e-6)
+
+
 async def test_bad_input_leaves_existing_database_untouched(dulce_dir, tmp_path):
     uri = str(tmp_path / "db")
     await ingest.run_ingest(dulce_dir, uri, progress=False)
