@@ -41,7 +41,7 @@ class IngestLock:
         self.uri = uri
         self.folder = local_folder(uri)
         self._fd: int | None = None
-        self._created_folder = False
+        self._created: list[Path] = []  # folders take(create=True) made, the database's first
 
     def take(self, *, create: bool) -> None:
         """Lock the database, or raise IngestError naming it when another ingest holds the lock. A
@@ -75,19 +75,21 @@ class IngestLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor releases the lock
             self._fd = None
-        if failed and self._created_folder and self.folder is not None:
+        if failed and self._created and self.folder is not None:
             try:
                 if [entry.name for entry in self.folder.iterdir()] == [LOCK_FILE]:
                     (self.folder / LOCK_FILE).unlink()
-                    self.folder.rmdir()
+                    for folder in self._created:  # then the parents it made (--db new/dir/db)
+                        folder.rmdir()
             except OSError:  # best effort: a lock file left behind never blocks a later ingest
                 pass
 
     def _create_folder(self) -> None:
         assert self.folder is not None
+        missing = [folder for folder in (self.folder, *self.folder.parents) if not folder.exists()]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._created_folder = True
+            self._created = missing
         except OSError as exc:
             raise StoreError(f"{self.uri}: cannot create the database folder: {exc.strerror or exc}") from exc
 

@@ -910,11 +910,17 @@ async def test_a_failed_first_ingest_leaves_no_database_folder(dulce_dir, tmp_pa
     with pytest.raises(RuntimeError, match="disk full"):
         await ingest.run_ingest(dulce_dir, str(tmp_path / "new-db"), progress=False)
     assert not (tmp_path / "new-db").exists()
+    with pytest.raises(RuntimeError, match="disk full"):  # and the parent folders it made for it
+        await ingest.run_ingest(dulce_dir, str(tmp_path / "new" / "dbs" / "db"), progress=False)
+    assert not (tmp_path / "new").exists()
     existing = tmp_path / "my-folder"
     existing.mkdir()
     with pytest.raises(RuntimeError, match="disk full"):
         await ingest.run_ingest(dulce_dir, str(existing), progress=False)
     assert existing.is_dir()  # a folder the user made stays (with the lock file, which blocks nothing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        await ingest.run_ingest(dulce_dir, str(existing / "sub" / "db"), progress=False)
+    assert [p.name for p in existing.iterdir()] == [".drift-lance-ingest.lock"]
 
 
 async def test_ctrl_c_during_the_cleanup_after_the_commit_keeps_the_ingest(dulce_dir, tmp_path, monkeypatch):
