@@ -275,6 +275,7 @@ def _communities(t: _Table, node_members: pl.DataFrame | None) -> pl.DataFrame:
     _check_unique(t, community_col, community)
     level = t.typed(t.need("level"), _I64, not_null=True)
     ids = t.typed("id", _STR, not_null=True) if t.has("id") else community.cast(_STR)
+    _check_unique(t, "id", ids)  # as every table's ids (a distinct `community` does not make them so)
     if t.has("entity_ids"):
         entity_ids = _fill_lists(t.typed("entity_ids", _STRS))
     elif node_members is not None:

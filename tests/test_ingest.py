@@ -639,6 +639,10 @@ BAD_INPUTS = {
         _change("entities.parquet", lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 5).then(pl.first("id")).otherwise(pl.col("id")).alias("id"))),
         ["entities.parquet", "'id'", "duplicated"],
     ),
+    "duplicate community ids": (
+        _change("communities.parquet", lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 4).then(pl.first("id")).otherwise(pl.col("id")).alias("id"))),
+        ["communities.parquet", "column 'id' has 1 duplicated values"],
+    ),
     "null ids": (
         _change("text_units.parquet", lambda f: f.with_columns(pl.lit(None, dtype=pl.String).alias("id"))),
         ["text_units.parquet", "'id'"],
