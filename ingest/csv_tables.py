@@ -153,16 +153,18 @@ def _parse(cell: str, kind: str, path: Path, column: str, row: int, line: int) -
 
 def _int(cell: str) -> int:
     try:
-        return int(cell)
+        value = int(cell)
     except ValueError:
-        pass
-    try:  # pandas writes an int column holding NaN as floats ("3.0")
-        number = float(cell)
-    except ValueError:
-        raise _BadValue("expected an integer") from None
-    if not (math.isfinite(number) and number.is_integer()):
-        raise _BadValue("expected an integer")
-    return int(number)
+        try:  # pandas writes an int column holding NaN as floats ("3.0")
+            number = float(cell)
+        except ValueError:
+            raise _BadValue("expected an integer") from None
+        if not (math.isfinite(number) and number.is_integer()):
+            raise _BadValue("expected an integer")
+        value = int(number)
+    if not -(2**63) <= value < 2**63:  # the columns are int64, as in graphrag's parquet
+        raise _BadValue("integer out of the 64-bit range")
+    return value
 
 
 def _float(cell: str) -> float:

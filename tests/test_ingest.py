@@ -561,6 +561,8 @@ BAD_CSV_INPUTS = {
                        ["entities.csv: column 'degree', row 4 (line 26): cannot read 'high': expected an integer"]),
     "fractional integer": (_csv_cell("communities.csv", "level", 2, "1.5"),
                            ["communities.csv: column 'level', row 2 (line 4): cannot read '1.5': expected an integer"]),
+    "integer beyond int64": (_csv_cell("entities.csv", "human_readable_id", 5, "99999999999999999999"),
+                             ["entities.csv: column 'human_readable_id', row 5 (line ", "integer out of the 64-bit range"]),
     "not a number": (_csv_cell("relationships.csv", "weight", 0, "heavy"),
                      ["relationships.csv: column 'weight', row 0 (line 2): cannot read 'heavy': expected a number"]),
     "not a list": (_csv_cell("text_units.csv", "entity_ids", 1, "['a', 'b'"),
