@@ -20,6 +20,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import ingest
 from drift_lance import schema
@@ -29,6 +31,8 @@ from drift_lance.config.ingest import IngestConfig, StoreConfig
 from drift_lance.errors import ConfigError, IngestError, StoreError
 from drift_lance.testing import HashEmbedder
 from drift_lance.store import Manifest
+from ingest.layouts import detect_layout
+from ingest.normalize import normalize, polars_type
 from ingest.writer import PAUSE_ENV, IndexWriter, kept_generations
 
 REPO = Path(__file__).resolve().parents[1]
@@ -728,6 +732,46 @@ async def test_vectors_too_large_or_small_to_square_in_float32_are_normalised(sc
     by_id = {row["id"]: np.asarray(row["vector"]) for row in stored.iter_rows(named=True)}
     expected = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     np.testing.assert_allclose(np.stack([by_id[i] for i in ids]), expected, atol=1e-6)
+
+
+# How real exports get a column wrong: gone, emptied, retyped (ids as ints, lists as strings, nested).
+_COLUMN_DAMAGE: dict[str, Callable[[pl.DataFrame, str], pl.DataFrame]] = {
+    "dropped": lambda f, c: f.drop(c),
+    "all null": lambda f, c: f.with_columns(pl.lit(None, dtype=f[c].dtype).alias(c)),
+    "one null": lambda f, c: f.with_columns(pl.when(pl.int_range(pl.len()) == 1).then(None).otherwise(pl.col(c)).alias(c)),
+    "ints": lambda f, c: f.with_columns(pl.int_range(pl.len()).alias(c)),
+    "halves": lambda f, c: f.with_columns((pl.int_range(pl.len()) + 0.5).alias(c)),
+    "text": lambda f, c: f.with_columns(pl.col(c).map_elements(lambda v: str(list(v)), return_dtype=pl.String)
+                                        if f[c].dtype.is_nested() else pl.col(c).cast(pl.String)),
+    "in a list": lambda f, c: f.with_columns(pl.concat_list(pl.col(c)) if not f[c].dtype.is_nested() else pl.col(c)),
+    "in a struct": lambda f, c: f.with_columns(pl.struct(pl.col(c).alias("value")).alias(c)),
+    "a duplicate": lambda f, c: f.with_columns(pl.when(pl.int_range(pl.len()) == 1).then(pl.col(c).first()).otherwise(pl.col(c)).alias(c)),
+}
+_DULCE_FILES = ("entities.parquet", "relationships.parquet", "communities.parquet", "community_reports.parquet",
+                "text_units.parquet", "covariates.parquet", "documents.parquet")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(file=st.sampled_from(_DULCE_FILES), column=st.integers(0, 14), damage=st.sampled_from(sorted(_COLUMN_DAMAGE)))
+@example(file="relationships.parquet", column=2, damage="in a list")  # degrees are read from relationships first
+def test_a_damaged_column_is_normalised_or_named(file, column, damage, dulce_dir, tmp_path_factory):
+    """Whatever happens to one column of one table, normalisation either gives the schema's columns
+    and types with set, unique ids, or stops with an IngestError naming that table's file."""
+    frame = pl.read_parquet(dulce_dir / file)
+    name = frame.columns[column % frame.width]
+    src = tmp_path_factory.mktemp("damaged")
+    for path in dulce_dir.iterdir():
+        if path.name != file:
+            (src / path.name).symlink_to(path)
+    _COLUMN_DAMAGE[damage](frame, name).write_parquet(src / file)
+    try:
+        tables = normalize(detect_layout(src)).tables
+    except IngestError as exc:
+        assert str(exc).startswith(f"{src / file}: "), (name, damage, str(exc))
+        return
+    for table, out in tables.items():
+        assert dict(out.schema) == {c: polars_type(t) for c, t in schema.COLUMNS[table]}, (name, damage, table)
+        assert out["id"].null_count() == 0 and out["id"].is_unique().all(), (name, damage, table)
 
 
 async def test_bad_input_leaves_existing_database_untouched(dulce_dir, tmp_path):
