@@ -555,6 +555,7 @@ _REFERENCES = (
     (schema.ENTITIES, "text_unit_ids", schema.TEXT_UNITS, "id"),
     (schema.COMMUNITIES, "entity_ids", schema.ENTITIES, "id"),
     (schema.TEXT_UNITS, "document_ids", schema.DOCUMENTS, "id"),
+    (schema.COMMUNITY_REPORTS, "community", schema.COMMUNITIES, "community"),  # no entity leads local search there
 )
 
 

@@ -822,6 +822,8 @@ async def test_references_to_missing_rows_are_named_in_a_warning(dulce_dir, tmp_
     def break_references(root: Path) -> None:
         rewrite(root / "entities.parquet", lambda f: f.with_columns(pl.col("text_unit_ids").list.concat(pl.lit(["gone-unit"]))))
         rewrite(root / "communities.parquet", lambda f: f.with_columns(pl.col("entity_ids").list.concat(pl.lit(["gone-entity"]))))
+        rewrite(root / "community_reports.parquet",
+                lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(99).otherwise(pl.col("community")).alias("community")))
 
     src = copy_index(dulce_dir, tmp_path / "src", break_references)
     report = await ingest.run_ingest(src, str(tmp_path / "db"), progress=False)
@@ -831,6 +833,8 @@ async def test_references_to_missing_rows_are_named_in_a_warning(dulce_dir, tmp_
         "'text_units' (e.g. 'gone-unit'); searches do without what they point at",
         f"{src / 'communities.parquet'}: table 'communities': 1 distinct value(s) of column 'entity_ids' match no 'id' of table "
         "'entities' (e.g. 'gone-entity'); searches do without what they point at",
+        f"{src / 'community_reports.parquet'}: table 'community_reports': 1 distinct value(s) of column 'community' match no "
+        "'community' of table 'communities' (e.g. 99); searches do without what they point at",
     ]
 
 
