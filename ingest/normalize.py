@@ -269,9 +269,21 @@ def _children_of(communities: list[int], parents: list[int]) -> list[list[int]]:
     return [sorted(kids.get(c, [])) for c in communities]
 
 
+def _community_numbers(t: _Table, column: str) -> pl.Series:
+    """`community`, or the `id` older graphrag kept the number in: an `id` that is no number
+    (graphrag >= 1 writes uuids there) means the `community` column is missing, so say that."""
+    try:
+        return t.typed(column, _I64, not_null=True)
+    except IngestError as exc:
+        if column == "community":
+            raise
+        raise IngestError(f"{t.path}: required column 'community' is missing, and column 'id' holds no community "
+                          f"numbers in its place ({str(exc).removeprefix(f'{t.path}: ')})") from exc
+
+
 def _communities(t: _Table, node_members: pl.DataFrame | None) -> pl.DataFrame:
     community_col = t.need("community", "id")
-    community = t.typed(community_col, _I64, not_null=True)
+    community = _community_numbers(t, community_col)
     _check_unique(t, community_col, community)
     level = t.typed(t.need("level"), _I64, not_null=True)
     ids = t.typed("id", _STR, not_null=True) if t.has("id") else community.cast(_STR)

@@ -633,6 +633,10 @@ def _corrupt_vectors_parquet(root: Path) -> None:
 BAD_INPUTS = {
     "missing required table": (_drop_table("relationships.parquet"), ["relationships.parquet", "relationships"]),
     "missing column": (_change("entities.parquet", lambda f: f.drop("title")), ["entities.parquet", "'title'"]),
+    "missing community column": (  # older graphrag kept the number in `id`; dulce has uuids there
+        _change("communities.parquet", lambda f: f.drop("community")),
+        ["communities.parquet: required column 'community' is missing, and column 'id' holds no community numbers"],
+    ),
     "wrong type": (
         _change("entities.parquet", lambda f: f.with_columns(pl.lit("high").alias("degree"))),
         ["entities.parquet", "'degree'"],
