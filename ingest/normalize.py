@@ -144,7 +144,7 @@ def _split_ids(series: pl.Series) -> pl.Series:
 def _unit_ids(t: _Table) -> pl.Series:
     """`text_unit_ids`, or graphrag 0.x's comma-separated `source_id` strings."""
     if not t.has("text_unit_ids") and t.has("source_id") and t.frame["source_id"].dtype == pl.String:
-        return _split_ids(t.frame["source_id"])
+        return _fill_lists(_split_ids(t.frame["source_id"]))  # a null source_id: no units, as a null list elsewhere
     return _fill_lists(t.optional("text_unit_ids", "source_id", target=_STRS, default=[]))
 
 
