@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from drift_lance import schema
 from drift_lance.errors import IngestError
@@ -120,7 +119,8 @@ def _columns(path: Path) -> list[str]:
     if path.suffix == ".csv":
         return csv_tables.header(path)
     try:
-        return pq.read_schema(path).names
+        # polars, as SourceIndex.read: it also reads a folder of parquet parts (Spark writes tables so)
+        return list(pl.read_parquet_schema(path))
     except Exception as exc:  # noqa: BLE001
         raise IngestError(f"{path}: cannot read parquet: {exc}") from exc
 

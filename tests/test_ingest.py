@@ -204,6 +204,22 @@ async def test_missing_vectors_must_be_computed_in_the_index_embedding_space(
     assert {v.dimension for v in report.manifest.vectors.values()} == {8}
 
 
+async def test_tables_written_as_folders_of_parquet_parts_are_read(dulce_dir, dulce_store, tmp_path):
+    """Spark and Dask write a table as a folder of part files: polars read such an entities.parquet,
+    but the layout check read text_units.parquet's columns with pyarrow, which stopped at "is a directory"."""
+    def as_parts(root: Path) -> None:
+        for name in ("entities.parquet", "text_units.parquet"):
+            frame = pl.read_parquet(root / name)
+            (root / name).unlink()
+            (root / name).mkdir()
+            frame.head(3).write_parquet(root / name / "part-0.parquet")
+            frame.slice(3).write_parquet(root / name / "part-1.parquet")
+
+    report = await ingest.run_ingest(copy_index(dulce_dir, tmp_path / "src", as_parts), str(tmp_path / "db"), progress=False)
+    assert report.manifest.layout == "graphrag-3"
+    assert report.rows == {t: i.rows for t, i in dulce_store.manifest.tables.items()}
+
+
 async def test_a_relationship_rank_column_is_read_as_the_combined_degree(dulce_dir, tmp_path):
     """graphrag 0.x stored a relationship's combined degree as `rank`. Recomputed from the entities
     table instead, relationships to nodes that are not entities (dulce has some) came out wrong."""
