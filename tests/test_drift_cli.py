@@ -279,3 +279,23 @@ def test_the_bundled_model_notice_does_not_precede_a_setup_error(monkeypatch, du
     assert main(["query", QUERY, "--db", dulce_db_uri, "--method", method]) == 2
     err = capsys.readouterr().err
     assert "3072" in err and "SmolLM2" not in err
+
+
+def test_a_streamed_answer_cut_by_a_failure_ends_its_line_before_the_error(server, dulce_db_uri, capsys):
+    """The reduce stream broke after two words: stdout ended in "Alex Mercer leads " with no newline,
+    so on a terminal the error line ran on from the half-written answer."""
+    def cut_reduce(request):
+        if "---Research notes---" in request.messages[0]["content"]:
+            def chunks():
+                for word in ("Alex Mercer ", "leads "):
+                    delta = {"choices": [{"index": 0, "delta": {"content": word}}]}
+                    yield f"data: {json.dumps(delta)}\n\n".encode()
+                raise ConnectionResetError("the endpoint went away")
+            return Reply(body_chunks=chunks(), headers={"content-type": "text/event-stream"})
+        return _model(request)
+
+    server.on_chat = cut_reduce
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--stream", "--set", "n_depth=0", "--set", "primer_folds=1"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "Alex Mercer leads \n"
+    assert "stream failed" in captured.err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -181,10 +182,19 @@ async def _run_search(search: Any, args: argparse.Namespace, callbacks: list[Dri
         if not args.json:
             print(_answer_text(result.response))
         return result
-    async with search.stream_search(args.query, **kwargs) as stream:
-        async for delta in stream:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
+    written = False
+    try:
+        async with search.stream_search(args.query, **kwargs) as stream:
+            async for delta in stream:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+                written = True
+    except BaseException:
+        if written:  # the reduce failed or Ctrl-C cut it: the error must not run on from the half answer
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe has its own exit
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+        raise
     sys.stdout.write("\n")
     assert stream.result is not None
     return stream.result
