@@ -180,6 +180,14 @@ class LanceStore:
                     raise StoreError(f"{self.uri}: cannot open table {table!r} at version {version}: {exc}") from exc
             return self._tables[table]
 
+    async def open_tables(self) -> None:
+        """Open every table of the manifest at its pinned version (the searches reuse the handles).
+        A database missing one (a partial copy, a deleted table folder) then fails here, as a
+        StoreError naming the table, instead of in every DRIFT follow-up after the primer's calls
+        were paid for (which answered from the primer alone, reported as merely degraded)."""
+        for table in self.manifest.tables:
+            await self._table(table)
+
     # ------------------------------------------------------------------ search
 
     async def search(

@@ -299,3 +299,19 @@ def test_a_streamed_answer_cut_by_a_failure_ends_its_line_before_the_error(serve
     captured = capsys.readouterr()
     assert captured.out == "Alex Mercer leads \n"
     assert "stream failed" in captured.err
+
+
+def test_a_database_missing_a_table_is_refused_before_any_model_call(server, dulce_db_uri, tmp_path, capsys):
+    """A copy of the database without its entities table answered exit 0 from the primer alone: every
+    follow-up failed opening the table, after the HyDE and primer calls were paid for, and the answer
+    was only called "degraded"."""
+    import shutil
+
+    partial = tmp_path / "partial"
+    shutil.copytree(dulce_db_uri, partial)
+    shutil.rmtree(partial / "entities.lance")
+    for method in ("drift", "local"):
+        assert main(["query", QUERY, "--db", str(partial), "--method", method]) == 2
+        err = capsys.readouterr().err
+        assert f"{partial}: cannot open table 'entities'" in err and "Traceback" not in err
+    assert server.chat_requests == [] and server.embedding_requests == []

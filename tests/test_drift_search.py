@@ -913,3 +913,18 @@ async def test_a_search_kept_open_past_its_generations_cleanup_says_to_reopen(du
                                        config={"drift_k_followups": 2, "primer_folds": 1, "n_depth": 1}) as reopened:
         assert reopened.store.manifest.generation == 3
         assert (await reopened.search("Who leads the Dulce base?")).response == REDUCE_TEXT
+
+
+async def test_open_drift_search_refuses_a_database_missing_a_table(dulce_db_uri, tmp_path):
+    """Opened on a copy without its entities table, every search answered from the primer alone (each
+    follow-up failed opening the table) and only reported itself degraded."""
+    import shutil
+
+    from drift_lance.drift import open_drift_search
+    from drift_lance.errors import StoreError
+
+    partial = tmp_path / "partial"
+    shutil.copytree(dulce_db_uri, partial)
+    shutil.rmtree(partial / "entities.lance")
+    with pytest.raises(StoreError, match=r"cannot open table 'entities'"):
+        await open_drift_search(partial, chat_model=ScriptedChatModel(drift_responder()), embedder=HashEmbedder(3072))

@@ -130,6 +130,7 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
     store = await open_store(db, config=settings.store, storage_options=parse_storage_options(args.storage_options))
     chat = embedder = None
     try:
+        await store.open_tables()  # a table missing from the database: before any model call
         # Loading model weights (embedded defaults) must not block the event loop.
         chat = await asyncio.to_thread(get_chat_model, settings.models)
         embedder = await asyncio.to_thread(get_embedder, settings.models)

@@ -545,6 +545,7 @@ async def open_drift_search(
     store = await open_store(db_uri, config=store_config, storage_options=storage_options)
     built: list[object] = []
     try:
+        await store.open_tables()  # a table missing from the database fails here, not in every follow-up
         local = local_config_for_drift(config, local_config)
         tokenizer = get_tokenizer(local.encoding)
         if chat_model is None:
