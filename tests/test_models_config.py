@@ -80,6 +80,17 @@ def test_invalid_env_value_names_the_field(clean_env):
         ModelSettings()
 
 
+@pytest.mark.parametrize("url", ["localhost:8080/v1", "127.0.0.1:8080", "notaurl", "ftp://host/v1"])
+def test_an_endpoint_url_without_http_scheme_is_refused_naming_its_setting(clean_env, url):
+    """`OPENAI_BASE_URL=localhost:8080/v1` was requested as a relative path: every call retried for
+    seconds and failed with "connection failed: /localhost:8080/v1/chat/completions"."""
+    with pytest.raises(ValueError, match=r"base_url\n.*not an http:// or https:// URL"):
+        ModelSettings(base_url=url)
+    clean_env.setenv("OPENAI_BASE_URL", url)
+    with pytest.raises(ConfigError, match=f"environment variable OPENAI_BASE_URL: {re.escape(repr(url))} is not an http"):
+        default_model_settings()
+
+
 def test_registry_selects_by_name_and_rejects_unknown(clean_env):
     scripted = ScriptedChatModel(["hi"])
     register_chat_backend("scripted-test", lambda settings: scripted)

@@ -18,9 +18,12 @@ import os
 import typing
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from drift_lance.errors import ConfigError
 
 StructuredOutputMode = Literal["auto", "json_schema", "json_object", "prompt"]
 
@@ -154,6 +157,8 @@ class ModelSettings(BaseSettings):
     @field_validator("base_url", "embedding_base_url", "azure_endpoint")
     @classmethod
     def _strip_slash(cls, value: str | None) -> str | None:
+        if value:
+            check_endpoint_url(value)
         return value.rstrip("/") if value else value
 
     # ------------------------------------------------------------------ selection rule
@@ -198,7 +203,20 @@ class ModelSettings(BaseSettings):
 
 def _env_url(name: str) -> str | None:
     value = os.environ.get(name, "").strip()
+    if value:
+        try:
+            check_endpoint_url(value)
+        except ValueError as exc:
+            raise ConfigError(f"environment variable {name}: {value!r} is {exc}") from None
     return value.rstrip("/") or None
+
+
+def check_endpoint_url(value: str) -> None:
+    """ValueError unless `value` is an http(s) URL with a host: `localhost:8080/v1` (no scheme) was
+    requested as a relative path, every call retried and failed with "connection failed"."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("not an http:// or https:// URL (e.g. http://localhost:8080/v1)")
 
 
 def _secret(value: str | None) -> SecretStr | None:
