@@ -315,3 +315,21 @@ def test_a_database_missing_a_table_is_refused_before_any_model_call(server, dul
         err = capsys.readouterr().err
         assert f"{partial}: cannot open table 'entities'" in err and "Traceback" not in err
     assert server.chat_requests == [] and server.embedding_requests == []
+
+
+def test_a_failed_json_query_still_prints_json(server, dulce_db_uri, tmp_path, capsys):
+    """`query --json > result.json` that failed left result.json empty (the error was on stderr only),
+    so a script's `jq` read no JSON at all."""
+    def reduce_fails(request):
+        if "---Research notes---" in request.messages[0]["content"]:
+            return Reply.server_error(500, "overloaded")
+        return _model(request)
+
+    assert main(["query", QUERY, "--db", str(tmp_path / "nothing"), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"error": {"code": "error", "type": "StoreError", "message": captured.err.split(": error: ", 1)[1].strip()}}
+
+    server.on_chat = reduce_fails
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--json", "--set", "n_depth=0", "--set", "primer_folds=1"]) == 1
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "failed" and error["type"] == "ModelRequestError" and "overloaded" in error["message"]

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("drift-lance: interrupted", file=sys.stderr)
+        _json_error(args, "interrupted", KeyboardInterrupt("interrupted"))
         return 130
     except BrokenPipeError:  # `drift-lance inspect | head -1`: the reader is gone, which is no error
         with contextlib.suppress(OSError, ValueError):
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         print(f"drift-lance {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        _json_error(args, "error", exc)
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         if args.verbose:
@@ -143,9 +145,22 @@ def main(argv: list[str] | None = None) -> int:
         cause = first_cause(exc)
         if isinstance(cause, (UsageError, *_user_error_types())):
             print(f"drift-lance {args.command}: error: {_one_line(cause)}", file=sys.stderr)
+            _json_error(args, "error", cause)
             return EXIT_USAGE
         print(f"drift-lance {args.command}: failed: {type(cause).__name__}: {_one_line(cause)}", file=sys.stderr)
+        _json_error(args, "failed", cause)
         return EXIT_FAILURE
+
+
+def _json_error(args: argparse.Namespace, code: str, exc: BaseException) -> None:
+    """With --json a failure is JSON on stdout as well, `{"error": {"code", "type", "message"}}` (code
+    "error" for exit 2, "failed" for 1, "interrupted" for 130): `... --json > out.json` or `| jq`
+    then reads a parseable answer instead of an empty file."""
+    if not getattr(args, "json", False) or sys.stdout is None:
+        return
+    error = {"code": code, "type": type(exc).__name__, "message": _one_line(exc)}
+    with contextlib.suppress(OSError, ValueError):  # a closed or broken stdout: the exit code says it all
+        print(json_text({"error": error}), flush=True)
 
 
 def run() -> NoReturn:
