@@ -36,7 +36,7 @@ from drift_lance._exact import ExactMatrix
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
 from drift_lance.config.ingest import SearchTuning, StoreConfig
-from drift_lance.errors import StoreError
+from drift_lance.errors import ConfigError, StoreError
 from drift_lance.object_store import (
     check_not_a_file,
     connect_uri,
@@ -658,6 +658,17 @@ def _ingest_hint(uri: str) -> str:
             f"`drift-lance ingest {shlex.quote(uri)} --db {shlex.quote(str(database))}`, then use --db {shlex.quote(str(database))}")
 
 
+def _checked_uri(uri: Any) -> str:
+    """`uri` as a string; ConfigError for None (an unset `os.environ.get("DB")`) or a blank one, which
+    were opened as the folder "None" or the working directory and reported as a database not found there."""
+    if not isinstance(uri, (str, os.PathLike)):
+        raise ConfigError(f"database uri: expected a path or URI string, got {type(uri).__name__}")
+    uri = os.fspath(uri)
+    if not isinstance(uri, str) or not uri.strip():
+        raise ConfigError(f"database uri: {'empty' if isinstance(uri, str) else 'not a text path'}")
+    return uri
+
+
 async def open_store(
     uri: str | os.PathLike[str],
     *,
@@ -672,7 +683,7 @@ async def open_store(
     Storage options: `config.storage_options` updated by `storage_options`, plus allow_http for an
     http:// S3 endpoint (see `drift_lance.object_store`). `session`: a `lancedb.Session` to share
     LanceDB's caches with another store (default: a new one sized by `config`)."""
-    uri = str(uri)
+    uri = _checked_uri(uri)
     config = checked_config(config, StoreConfig, "config") or StoreConfig()
     check_not_a_file(uri)
     if "://" not in uri and not Path(uri).expanduser().exists():  # local default: say so plainly

@@ -654,3 +654,14 @@ def test_one_store_serves_several_event_loops(dulce_db_uri):
     asyncio.run(store.close())
     with pytest.raises(StoreError, match="this store is closed"):
         asyncio.run(store.search("entities", query, 3))
+
+
+@pytest.mark.parametrize(("uri", "message"), [(None, "got NoneType"), ("", "empty"), ("  ", "empty"), (b"db", "got bytes")])
+async def test_a_missing_or_blank_database_uri_is_a_config_error(uri, message, tmp_path, monkeypatch):
+    """open_store(None) (an unset `os.environ.get("DB")`) looked for a folder named "None", and "" opened
+    the working directory: both were reported as a database missing there, naming no argument."""
+    from drift_lance.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=f"^database uri: .*{message}"):
+        await open_store(uri)
