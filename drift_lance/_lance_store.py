@@ -184,7 +184,12 @@ class LanceStore:
         """Open every table of the manifest at its pinned version (the searches reuse the handles).
         A database missing one (a partial copy, a deleted table folder) then fails here, as a
         StoreError naming the table, instead of in every DRIFT follow-up after the primer's calls
-        were paid for (which answered from the primer alone, reported as merely degraded)."""
+        were paid for (which answered from the primer alone, reported as merely degraded). So does a
+        manifest without a table every ingest writes."""
+        missing = [table for table in schema.REQUIRED_TABLES if table not in self.manifest.tables]
+        if missing:
+            raise StoreError(f"{self.uri}: manifest generation {self.manifest.generation} lists no table "
+                             f"{', '.join(map(repr, missing))}, which every ingest writes; run the ingest again")
         for table in self.manifest.tables:
             await self._table(table)
 

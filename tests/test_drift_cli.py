@@ -333,3 +333,23 @@ def test_a_failed_json_query_still_prints_json(server, dulce_db_uri, tmp_path, c
     assert main(["query", QUERY, "--db", dulce_db_uri, "--json", "--set", "n_depth=0", "--set", "primer_folds=1"]) == 1
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["code"] == "failed" and error["type"] == "ModelRequestError" and "overloaded" in error["message"]
+
+
+def test_a_manifest_without_a_required_table_is_refused_before_any_model_call(server, dulce_db_uri, tmp_path, capsys):
+    """A manifest that lists no entities table (not one an ingest writes) was searched: every follow-up
+    failed with "table 'entities' is not in manifest generation 1", and the answer came from the primer
+    alone with exit 0."""
+    import shutil
+
+    import lancedb
+
+    edited = tmp_path / "edited"
+    shutil.copytree(dulce_db_uri, edited)
+    table = lancedb.connect(str(edited)).open_table("drift_lance_manifest")
+    row = table.to_arrow().to_pylist()[-1]
+    manifest = json.loads(row["manifest"])
+    del manifest["tables"]["entities"]
+    table.update(where=f"generation = {row['generation']}", values={"manifest": json.dumps(manifest)})
+    assert main(["query", QUERY, "--db", str(edited)]) == 2
+    assert "lists no table 'entities', which every ingest writes" in capsys.readouterr().err
+    assert server.chat_requests == [] and server.embedding_requests == []
