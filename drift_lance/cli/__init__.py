@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module exposing `register(subparsers)`, which adds a parser whose
 `func` default is `run(args) -> int`. Errors that are the user's (bad input, missing database)
-exit 2 with one line on stderr; runtime failures exit 1; tracebacks only with --verbose.
+exit 2 with one line on stderr; runtime failures exit 1; tracebacks only with --verbose. With --json
+the error is also on stdout as JSON (`_json_error`).
 """
 
 from __future__ import annotations
