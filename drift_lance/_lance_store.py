@@ -36,7 +36,7 @@ from drift_lance._exact import ExactMatrix
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
 from drift_lance.config.ingest import SearchTuning, StoreConfig
-from drift_lance.errors import ConfigError, StoreError
+from drift_lance.errors import ConfigError, DriftLanceError, StoreError
 from drift_lance.object_store import (
     check_not_a_file,
     connect_uri,
@@ -531,6 +531,19 @@ class LanceStore:
             await asyncio.to_thread(_open_every_object, dataset)
         except Exception as exc:  # noqa: BLE001 - Lance reports a missing object as OSError, ValueError, ...
             raise StoreError(f"{self.uri}: table {table!r} at version {version} cannot be read: {exc}") from exc
+
+    async def raise_if_unreadable(self, exc: BaseException) -> None:
+        """The StoreError naming the table, raised from `exc`, when `exc` (an error that is not ours)
+        came from a file of the pinned version that is missing: a partial copy of the database failed
+        as "RuntimeError: lance error: Not found: <file>, <a Rust source line>" (exit 1). Checks only
+        after a failure, so a search pays nothing for it; returns when every table reads whole."""
+        if isinstance(exc, DriftLanceError):
+            return
+        for table in self.manifest.tables:
+            try:
+                await self.check_readable(table)
+            except StoreError as unreadable:
+                raise unreadable from exc
 
     async def generations(self) -> list[int]:
         """Generations of every complete manifest in the database (this store pins one of them)."""

@@ -353,3 +353,19 @@ def test_a_manifest_without_a_required_table_is_refused_before_any_model_call(se
     assert main(["query", QUERY, "--db", str(edited)]) == 2
     assert "lists no table 'entities', which every ingest writes" in capsys.readouterr().err
     assert server.chat_requests == [] and server.embedding_requests == []
+
+
+@pytest.mark.parametrize("command", ["drift", "local", "context"])
+def test_a_missing_data_file_names_its_table(server, dulce_db_uri, tmp_path, capsys, command):
+    """A partial copy without community_reports' data files failed with exit 1 and LanceDB's bare
+    "RuntimeError: lance error: Not found: <file>, <a Rust source line>", naming no table."""
+    import shutil
+
+    partial = tmp_path / "partial"
+    shutil.copytree(dulce_db_uri, partial)
+    shutil.rmtree(partial / "community_reports.lance" / "data")
+    argv = (["context", QUERY, "--db", str(partial)] if command == "context"
+            else ["query", QUERY, "--db", str(partial), "--method", command])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{partial}: table 'community_reports' at version" in err and "cannot be read" in err

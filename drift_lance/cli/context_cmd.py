@@ -149,6 +149,9 @@ async def _build(
 
         try:
             return await builder.build(query, query_vector=vector, embedder=embedder, **overrides)
+        except Exception as exc:
+            await store.raise_if_unreadable(exc)
+            raise
         finally:
             await aclose_models(embedder)
     finally:

@@ -151,6 +151,9 @@ async def _search(args: argparse.Namespace, settings: Any, config: Any, db: str)
         for progress in callbacks:
             progress.on_query_start(config)
         return await _run_search(search, args, callbacks)
+    except Exception as exc:
+        await store.raise_if_unreadable(exc)
+        raise
     finally:
         try:
             await aclose_models(chat, embedder)
