@@ -19,6 +19,7 @@ Where we allow a difference, and only there:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -284,6 +285,39 @@ async def test_a_bad_keyword_setting_is_named_as_the_python_caller_gave_it(dulce
     with pytest.raises(ConfigError) as caught:
         await build_local_context(dulce_store, "q", query_vector=vector, top_k_entities=-1)
     assert str(caught.value) == "local search settings: top_k_entities: Input should be greater than or equal to 0, got -1"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda v: np.where(np.arange(v.size) == 0, np.nan, v), "query_vector: contains NaN or inf"),
+        (lambda v: v.astype(np.float64) * 1e300, "query_vector: contains NaN or inf"),
+        (lambda v: ["a"] * v.size, "query_vector: must hold real numbers, got dtype <U1"),
+        (lambda v: [None] * v.size, "query_vector: must hold real numbers, got dtype object"),
+        (lambda v: v.astype(np.complex64), "query_vector: must hold real numbers, got dtype complex64"),
+        (lambda v: v > 0, "query_vector: must hold real numbers, got dtype bool"),
+        (lambda v: v.reshape(2, -1), "query_vector: must be one vector, got an array of shape (2, 1536)"),
+        (lambda v: [[1.0], [1.0, 2.0]], "query_vector: not a vector of numbers"),
+    ],
+)
+async def test_a_query_vector_numpy_would_mangle_is_refused_naming_the_argument(dulce_store, golden_local_context, make, message):
+    # These were a bare numpy ValueError (text), a StoreError naming table 'entities' (NaN), or were
+    # searched as something else: two rows flattened into one 3072-d vector, the complex part dropped.
+    from drift_lance.errors import ConfigError
+    from drift_lance.local import LocalSearch, build_local_context
+    from drift_lance.testing import ScriptedChatModel
+
+    vector = np.asarray(golden_local_context["cases"][0]["query_vector"], dtype=np.float32)
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        await build_local_context(dulce_store, "q", query_vector=make(vector))
+    chat = ScriptedChatModel(default="answer")
+    with pytest.raises(ConfigError, match="^query_vector: "):
+        await LocalSearch(chat, LocalContextBuilder(dulce_store)).search("q", query_vector=make(vector))
+    assert chat.calls == []
+    # float64, a list and an embedder's one-row matrix are the same vector
+    base = (await build_local_context(dulce_store, "q", query_vector=vector)).context_text
+    for same in (vector.astype(np.float64), vector.tolist(), vector[None, :]):
+        assert (await build_local_context(dulce_store, "q", query_vector=same)).context_text == base
 
 
 async def test_a_contexts_repr_shows_its_shape_not_its_text(dulce_store, golden_local_context):

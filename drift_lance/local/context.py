@@ -327,7 +327,7 @@ class LocalContextBuilder:
         self, text: str, query_vector: np.ndarray | Sequence[float] | None, embedder: Embedder | None
     ) -> np.ndarray | None:
         if query_vector is not None:
-            vector = np.asarray(query_vector, dtype=np.float32).reshape(-1)
+            vector = checked_query_vector(query_vector)
             self._check_vector(vector)
             return vector
         if text == "":
@@ -789,3 +789,22 @@ def _estimated_fit(ranked: list[str], estimates: dict[str, int | None], budget: 
         if used > budget:
             break
     return min(len(ranked), max(1, count + _UNIT_FETCH_SLACK))
+
+
+def checked_query_vector(value: object) -> np.ndarray:
+    """`query_vector` as one flat float32 vector. numpy would turn text into a ValueError, drop a
+    complex part, read booleans as 0/1 and flatten several rows into one long vector, and a NaN
+    would fail in the store naming a table: each is a ConfigError naming the argument instead."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged nested sequences
+        raise ConfigError(f"query_vector: not a vector of numbers ({exc})") from None
+    if array.dtype.kind not in "fiu":
+        raise ConfigError(f"query_vector: must hold real numbers, got dtype {array.dtype}")
+    if array.ndim != 1 and array.shape[:-1] != (1,):  # an embedder's one-row matrix is fine
+        raise ConfigError(f"query_vector: must be one vector, got an array of shape {array.shape}")
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf, reported below
+        vector = array.astype(np.float32).reshape(-1)
+    if not np.all(np.isfinite(vector)):
+        raise ConfigError("query_vector: contains NaN or inf (or a value beyond float32's range)")
+    return vector
