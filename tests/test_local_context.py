@@ -320,6 +320,24 @@ async def test_a_query_vector_numpy_would_mangle_is_refused_naming_the_argument(
         assert (await build_local_context(dulce_store, "q", query_vector=same)).context_text == base
 
 
+@pytest.mark.parametrize("query", [None, 3, b"Who leads it?", ["Who leads it?"]])
+async def test_a_query_that_is_not_text_is_refused_naming_the_argument(dulce_store, query):
+    # With an embedder these failed deep in the entity mapping ("'NoneType' object has no attribute
+    # 'lower'", "cannot use a string pattern on a bytes-like object"); without one they said a query
+    # vector or an embedder was needed. An empty query stays valid (graphrag's highest-degree entities).
+    from drift_lance.errors import ConfigError
+    from drift_lance.local import build_local_context
+    from drift_lance.testing import HashEmbedder
+
+    embedder = HashEmbedder(3072)
+    for kwargs in ({"embedder": embedder}, {}):
+        with pytest.raises(ConfigError) as caught:
+            await build_local_context(dulce_store, query, **kwargs)
+        assert str(caught.value) == f"query: must be text (str), got {type(query).__name__}"
+    assert embedder.calls == []
+    assert (await build_local_context(dulce_store, "")).context_text
+
+
 async def test_a_contexts_repr_shows_its_shape_not_its_text(dulce_store, golden_local_context):
     # A notebook cell showing `ctx` printed all ~50 kB of context text, then every entity id, and
     # `ctx.records` was "<SectionRecords object at 0x...>".

@@ -263,6 +263,8 @@ class LocalContextBuilder:
         """The context for `query`. `selected_entities` (from `select_entities`, for the same vector
         and settings, no conversation history) skips the entity search and selection; `candidates`
         (from `prefetch` over those selections) answers the row lookups without asking the store."""
+        if not isinstance(query, str):  # else an AttributeError from deep in the entity mapping
+            raise ConfigError(f"query: must be text (str), got {type(query).__name__}")
         cfg = self.resolve_config(overrides)
         tokenizer = self.tokenizer_for(cfg)
         counter = TokenCounter(tokenizer, self._token_counts.setdefault(tokenizer.name, TokenCountCache()))
