@@ -104,6 +104,19 @@ async def test_settings_may_be_a_dict_and_a_wrong_argument_is_named(dulce_store,
         await build_local_context(dulce_db_uri, "Who runs it?", query_vector=query_vector)
 
 
+def test_a_missing_model_or_store_or_a_store_given_as_the_builder_is_refused_at_once(dulce_store):
+    # Each was accepted, then the first search failed with an AttributeError: "'NoneType' object has
+    # no attribute 'complete'", "... no attribute 'manifest'", "'StoreConfig' object has no attribute 'prompt'".
+    model = ScriptedChatModel([ANSWER])
+    with pytest.raises(ConfigError, match=r"^model: a chat model is required, got None"):
+        LocalSearch(None, LocalContextBuilder(dulce_store))
+    with pytest.raises(ConfigError, match=r"^store: expected an open store \(`await open_store\(uri\)`\), got NoneType$"):
+        LocalContextBuilder(None)
+    with pytest.raises(ConfigError, match=r"^builder: expected a LocalContextBuilder \(`LocalContextBuilder\(store\)`\), got LanceStore$"):
+        LocalSearch(model, dulce_store)
+    assert model.calls == []
+
+
 async def test_answer_timeout_raises_model_error(dulce_store, query_vector):
     model = ScriptedChatModel([ANSWER], delay=30)
     config = LocalSearchConfig(llm_timeout=0.05)

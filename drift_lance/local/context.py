@@ -213,6 +213,8 @@ class LocalContextBuilder:
     ):
         if isinstance(store, (str, os.PathLike)):  # would fail at the first build, as an AttributeError
             raise ConfigError(f"store: expected an open store (`await open_store({str(store)!r})`), got the path itself")
+        if getattr(store, "manifest", None) is None:
+            raise ConfigError(f"store: expected an open store (`await open_store(uri)`), got {type(store).__name__}")
         self.store = store
         self.config = checked_config(config, LocalSearchConfig, "config") or LocalSearchConfig()
         self._tokenizer = tokenizer

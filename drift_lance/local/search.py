@@ -74,8 +74,13 @@ class LocalSearch:
         config: LocalSearchConfig | Mapping[str, Any] | None = None,
         params: ChatParams | None = None,
     ):
+        # Each would fail only at the first search, as an AttributeError.
+        if model is None:
+            raise ConfigError("model: a chat model is required, got None (build one with get_chat_model())")
         check_model_argument(model, "model", "complete", "chat_model")
         check_model_argument(embedder, "embedder", "embed", "embedding_model")
+        if not callable(getattr(builder, "build", None)):
+            raise ConfigError(f"builder: expected a LocalContextBuilder (`LocalContextBuilder(store)`), got {type(builder).__name__}")
         self.model = model
         self.builder = builder
         self.embedder = embedder
