@@ -117,6 +117,25 @@ def test_a_missing_model_or_store_or_a_store_given_as_the_builder_is_refused_at_
     assert model.calls == []
 
 
+@pytest.mark.parametrize(("value", "message"), [(5, "Input should be a valid string, got 5"),
+                                               ("", "String should have at least 1 character, got ''")])
+async def test_a_response_type_argument_is_checked_as_the_setting(dulce_store, query_vector, value, message):
+    # response_type=5 went into the prompt as "5", and "" silently meant the configured format.
+    model = ScriptedChatModel([ANSWER])
+    search = LocalSearch(model, LocalContextBuilder(dulce_store))
+    expected = f"local search settings: response_type: {message}"
+    with pytest.raises(ConfigError) as caught:
+        await search.search("q", query_vector=query_vector, response_type=value)
+    assert str(caught.value) == expected
+    with pytest.raises(ConfigError) as caught:
+        search.stream_search("q", query_vector=query_vector, response_type=value)
+    assert str(caught.value) == expected
+    assert model.calls == []
+    stream = search.stream_search("q", query_vector=query_vector, response_type="one line")
+    assert "".join([delta async for delta in stream]) == ANSWER
+    assert "one line" in model.calls[0].messages[0].content
+
+
 async def test_answer_timeout_raises_model_error(dulce_store, query_vector):
     model = ScriptedChatModel([ANSWER], delay=30)
     config = LocalSearchConfig(llm_timeout=0.05)

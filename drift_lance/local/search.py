@@ -141,9 +141,9 @@ class LocalSearch:
         call (`top_k_entities=5`, `llm_timeout=30`, ...); `conversation_history` opens the context."""
         started = time.perf_counter()
         query = checked_question(query)
-        config = self.call_config(overrides)  # per-call llm_timeout / prompt / response_type are the answer's
+        config = self._answer_config(overrides, response_type)  # per-call llm_timeout / prompt / response_type are the answer's
         context = await self.build_context(query, query_vector=query_vector, conversation_history=conversation_history, **overrides)
-        messages = self.messages(query, context, response_type, config=config)
+        messages = self.messages(query, context, config=config)
         result = await within(self.model.complete(messages, params=self.params), config.llm_timeout, "local search answer")
         return _result(result.text, context, result.usage, started)
 
@@ -160,8 +160,13 @@ class LocalSearch:
         built before the first delta; closing the stream early cancels the model call."""
         return LocalStream(
             self, checked_question(query), query_vector=query_vector, conversation_history=conversation_history,
-            response_type=response_type, overrides=overrides, config=self.call_config(overrides),
+            overrides=overrides, config=self._answer_config(overrides, response_type),
         )
+
+    def _answer_config(self, overrides: dict[str, Any], response_type: str | None) -> LocalSearchConfig:
+        # Checked as the setting it overrides: a number went into the prompt as is, and "" silently
+        # meant the configured format.
+        return self.call_config(overrides if response_type is None else {**overrides, "response_type": response_type})
 
 
 class LocalStream(GeneratorStream):
@@ -170,12 +175,11 @@ class LocalStream(GeneratorStream):
     _closed_when_dropped = True  # left by `break` without `async with`: its model call ends at once
 
     def __init__(self, search: LocalSearch, query: str, *, query_vector: Any, conversation_history: Any,
-                 response_type: str | None, overrides: dict[str, Any], config: LocalSearchConfig):
+                 overrides: dict[str, Any], config: LocalSearchConfig):
         super().__init__()
         self._search = search
         self._query = query
         self._kwargs = dict(query_vector=query_vector, conversation_history=conversation_history, **overrides)
-        self._response_type = response_type
         self._config = config
         self.result: SearchResult | None = None
 
@@ -183,7 +187,7 @@ class LocalStream(GeneratorStream):
         search = self._search
         started = time.perf_counter()
         context = await search.build_context(self._query, **self._kwargs)
-        messages = search.messages(self._query, context, self._response_type, config=self._config)
+        messages = search.messages(self._query, context, config=self._config)
         stream = search.model.stream(messages, params=search.params)
         parts: list[str] = []
         try:
