@@ -703,6 +703,8 @@ async def open_store(
     LanceDB's caches with another store (default: a new one sized by `config`)."""
     uri = _checked_uri(uri)
     config = checked_config(config, StoreConfig, "config") or StoreConfig()
+    if storage_options is not None and not isinstance(storage_options, Mapping):  # else an AttributeError on .items()
+        raise ConfigError(f"storage_options: expected a dict of option names to values, got {type(storage_options).__name__}")
     check_not_a_file(uri)
     if "://" not in uri and not Path(uri).expanduser().exists():  # local default: say so plainly
         raise StoreError(f"{uri}: no database at this path; run `drift-lance ingest SRC --db {shlex.quote(uri)}` first")

@@ -100,6 +100,16 @@ async def test_search_returns_all_columns_best_first(dulce_store):
     assert {"full_content", "rank", "vector"} <= set(found.columns)
 
 
+@pytest.mark.parametrize("options", ["aws_region=eu-west-1", [("aws_region", "eu-west-1")]])
+async def test_storage_options_that_are_not_a_dict_are_refused_naming_the_argument(dulce_db_uri, options):
+    # Was "AttributeError: 'str' object has no attribute 'items'" from deep in the option merging.
+    from drift_lance.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        await open_store(dulce_db_uri, storage_options=options)
+    assert str(caught.value) == f"storage_options: expected a dict of option names to values, got {type(options).__name__}"
+
+
 @pytest.mark.parametrize("table_cache_bytes", [256 * 2**20, 0], ids=["table cache", "lancedb rows"])
 async def test_search_for_no_columns_gives_the_scores_alone(dulce_db_uri, ann_db, table_cache_bytes):
     """columns=[] asks for the similarities only; it used to fail building the frame (exact search
