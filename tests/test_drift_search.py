@@ -204,6 +204,18 @@ async def test_graph_shape_and_serialization(store):
     assert "-----Entities-----" in dumped["context_text"][some_action]
 
 
+@pytest.mark.parametrize("reduce", ["no", None, 0])
+async def test_reduce_that_is_not_a_bool_is_refused_before_any_model_call(store, reduce):
+    # reduce="no" ran the whole search and reduced it; reduce=None skipped the reduce.
+    chat = ScriptedChatModel(drift_responder())
+    search = make_search(store, chat, n_depth=1)
+    with pytest.raises(ConfigError) as caught:
+        await search.search("Who leads the Dulce base?", reduce=reduce)
+    assert str(caught.value) == f"reduce: expected True or False, got {type(reduce).__name__} {reduce!r}"
+    assert chat.calls == []
+    assert isinstance((await search.search("Who leads the Dulce base?", reduce=False)).response, dict)
+
+
 async def test_a_results_repr_shows_the_answer_and_its_cost_not_the_contexts(store):
     # Shown in a notebook cell or a log line: it was every context and the graph, ~100 kB here.
     from drift_lance.drift import SearchResult

@@ -148,6 +148,8 @@ class DRIFTSearch:
         search), StoreError, EmbeddingMismatchError or ModelError (every primer fold or the reduce
         failed for good; a failed HyDE call falls back to the question, a failed follow-up only
         marks its action: see `result.failures`)."""
+        if not isinstance(reduce, bool):  # reduce="no" (a form's value) reduced, reduce=None did not
+            raise ConfigError(f"reduce: expected True or False, got {type(reduce).__name__} {reduce!r}")
         with calls_ranked_from():  # under load, an earlier query's model calls go first
             try:
                 return await self._search(query, reduce=reduce, callbacks=callbacks)
