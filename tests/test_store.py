@@ -110,6 +110,34 @@ async def test_storage_options_that_are_not_a_dict_are_refused_naming_the_argume
     assert str(caught.value) == f"storage_options: expected a dict of option names to values, got {type(options).__name__}"
 
 
+@pytest.mark.parametrize(
+    ("vector", "k", "kwargs", "message"),
+    [
+        (None, -1, {}, "k: expected a whole number >= 0, got -1"),  # was an empty frame, as if nothing matched
+        (None, 2.5, {}, "k: expected a whole number >= 0, got 2.5"),  # was a TypeError from the sort
+        (None, "5", {}, "k: expected a whole number >= 0, got '5'"),
+        ("abc", 5, {}, "vector: must hold real numbers, got dtype <U3"),  # was numpy's bare ValueError
+        ("complex", 5, {}, "vector: must hold real numbers, got dtype complex64"),  # was searched without its imaginary part
+        ("two rows", 5, {}, "vector: expected one vector, got an array of shape (2, 1536) (search_many takes several)"),
+        (None, 5, {"columns": "title"}, "columns: expected a list of column names, got the string 'title'"),
+    ],
+)
+async def test_search_arguments_of_the_wrong_kind_are_refused_naming_them(dulce_db_uri, vector, k, kwargs, message):
+    # "two rows" was flattened and searched as one 3072-d vector; columns="title" asked for columns t, i, t, l, e.
+    from drift_lance.errors import ConfigError
+
+    good = HashEmbedder(3072).embed_sync(["Dulce"])[0]
+    store = await open_store(dulce_db_uri)
+    try:
+        query = {"complex": good.astype(np.complex64), "two rows": good.reshape(2, -1), None: good}.get(vector, vector)
+        with pytest.raises(ConfigError) as caught:
+            await store.search("entities", query, k, **kwargs)
+        assert str(caught.value) == message
+        assert len(await store.search("entities", good.astype(np.float64).tolist(), 3, columns=["title"])) == 3
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("table_cache_bytes", [256 * 2**20, 0], ids=["table cache", "lancedb rows"])
 async def test_search_for_no_columns_gives_the_scores_alone(dulce_db_uri, ann_db, table_cache_bytes):
     """columns=[] asks for the similarities only; it used to fail building the frame (exact search
