@@ -204,6 +204,32 @@ async def test_graph_shape_and_serialization(store):
     assert "-----Entities-----" in dumped["context_text"][some_action]
 
 
+@pytest.mark.parametrize(
+    ("part", "message"),
+    [
+        ({"store": None}, "store: expected an open store (`await open_store(uri)`), got NoneType"),
+        ({"chat_model": None}, "chat_model: required, got None"),
+        ({"embedder": None}, "embedder: required, got None"),
+        ({"context_builder": None}, "context_builder: expected an object with an async build() method (`LocalContextBuilder(store)`), got NoneType"),
+        ({"context_builder": "store"}, "context_builder: expected an object with an async build() method (`LocalContextBuilder(store)`), got LanceStore"),
+        ({"tokenizer": None}, "tokenizer: expected a tokenizer (`get_tokenizer('o200k_base')`), got NoneType"),
+    ],
+)
+def test_a_missing_or_wrong_part_of_a_drift_search_is_refused_at_construction(store, part, message):
+    # A store given as the context builder (or None) answered from the primer alone, every
+    # follow-up failing with "'LanceStore' object has no attribute 'build'"; the others failed in
+    # the search as AttributeErrors (a None chat model as "all 5 primer calls failed").
+    chat = ScriptedChatModel(drift_responder())
+    parts = {
+        "store": store, "chat_model": chat, "embedder": HashEmbedder(store.manifest.vectors["community_reports"].dimension),
+        "context_builder": StubContextBuilder(), "tokenizer": get_tokenizer("o200k_base"),
+    }
+    parts.update({name: store if value == "store" else value for name, value in part.items()})
+    with pytest.raises(ConfigError) as caught:
+        DRIFTSearch(**parts)
+    assert str(caught.value) == message
+
+
 @pytest.mark.parametrize("reduce", ["no", None, 0])
 async def test_reduce_that_is_not_a_bool_is_refused_before_any_model_call(store, reduce):
     # reduce="no" ran the whole search and reduced it; reduce=None skipped the reduce.

@@ -124,6 +124,7 @@ class DRIFTSearch:
         owns_store: bool = False,
         owned_models: Sequence[object] = (),
     ):
+        _check_parts(store, chat_model, embedder, context_builder, tokenizer)
         self.store = store
         self.chat_model = chat_model
         self.embedder = embedder
@@ -512,6 +513,23 @@ def local_config_for_drift(config: DRIFTSearchConfig, base: Any = None) -> Any:
     if config.community_level is not None:  # graphrag's --community-level, set for this DRIFT search
         data["community_level"] = config.community_level
     return LocalSearchConfig.model_validate(data)
+
+
+def _check_parts(store: object, chat_model: object, embedder: object, context_builder: object, tokenizer: object) -> None:
+    """Each would fail in the search as an AttributeError; a wrong context builder not even that:
+    every follow-up failed and the answer came from the primer alone."""
+    if getattr(store, "manifest", None) is None:
+        raise ConfigError(f"store: expected an open store (`await open_store(uri)`), got {type(store).__name__}")
+    for value, argument in ((chat_model, "chat_model"), (embedder, "embedder")):
+        if value is None:
+            raise ConfigError(f"{argument}: required, got None")
+    check_model_argument(chat_model, "chat_model", "complete", "chat_model")
+    check_model_argument(embedder, "embedder", "embed", "embedding_model")
+    if not callable(getattr(context_builder, "build", None)):
+        raise ConfigError(f"context_builder: expected an object with an async build() method "
+                          f"(`LocalContextBuilder(store)`), got {type(context_builder).__name__}")
+    if not callable(getattr(tokenizer, "count", None)) or not callable(getattr(tokenizer, "truncate", None)):
+        raise ConfigError(f"tokenizer: expected a tokenizer (`get_tokenizer('o200k_base')`), got {type(tokenizer).__name__}")
 
 
 async def open_drift_search(
