@@ -477,6 +477,8 @@ async def test_a_function_given_as_callbacks_is_refused_not_silently_never_calle
     with pytest.raises(ConfigError, match=r"^callbacks: builtin_function_or_method print has none"):
         DRIFTSearch(store=store, chat_model=chat, embedder=search.embedder, context_builder=search.context_builder,
                     tokenizer=search.tokenizer, callbacks=[print])
+    with pytest.raises(ConfigError, match=r"^callbacks: str has none"):  # was "str  has none" (no __qualname__)
+        await search.search("Who leads the Dulce base?", callbacks=["on_token"])
     assert chat.calls == []
 
     class OnlyTokens:  # any object with one of the events' methods will do

@@ -56,8 +56,9 @@ def as_callback_list(callbacks: DriftCallbacks | Sequence[DriftCallbacks] | None
     listed = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
     for callback in listed:
         if not any(callable(getattr(callback, event, None)) for event in EVENTS):
+            named = " ".join(filter(None, (type(callback).__name__, getattr(callback, "__qualname__", None))))
             raise ConfigError(
-                f"callbacks: {type(callback).__name__} {getattr(callback, '__qualname__', '')} has none of the methods "
+                f"callbacks: {named} has none of the methods "
                 f"{', '.join(EVENTS)}; subclass drift_lance.DriftCallbacks and override the events you need"
             )
     return listed  # type: ignore[return-value]
