@@ -730,6 +730,9 @@ async def open_store(
     config = checked_config(config, StoreConfig, "config") or StoreConfig()
     if storage_options is not None and not isinstance(storage_options, Mapping):  # else an AttributeError on .items()
         raise ConfigError(f"storage_options: expected a dict of option names to values, got {type(storage_options).__name__}")
+    if generation is not None and (isinstance(generation, bool) or not isinstance(generation, int)):
+        # generation="2" said "no manifest generation 2 (have [1, 2])"; True opened generation 1
+        raise ConfigError(f"generation: expected a whole number, got {type(generation).__name__} {generation!r}")
     check_not_a_file(uri)
     if "://" not in uri and not Path(uri).expanduser().exists():  # local default: say so plainly
         raise StoreError(f"{uri}: no database at this path; run `drift-lance ingest SRC --db {shlex.quote(uri)}` first")

@@ -100,6 +100,21 @@ async def test_search_returns_all_columns_best_first(dulce_store):
     assert {"full_content", "rank", "vector"} <= set(found.columns)
 
 
+@pytest.mark.parametrize("generation", ["1", True, 1.0])
+async def test_a_generation_that_is_not_an_int_is_refused_naming_the_argument(dulce_db_uri, generation):
+    # generation="1" said "no manifest generation 1 (have [1])"; True opened generation 1.
+    from drift_lance.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        await open_store(dulce_db_uri, generation=generation)
+    assert str(caught.value) == f"generation: expected a whole number, got {type(generation).__name__} {generation!r}"
+    newest = await open_store(dulce_db_uri)
+    await newest.close()
+    store = await open_store(dulce_db_uri, generation=newest.manifest.generation)
+    assert store.manifest.generation == newest.manifest.generation
+    await store.close()
+
+
 @pytest.mark.parametrize("options", ["aws_region=eu-west-1", [("aws_region", "eu-west-1")]])
 async def test_storage_options_that_are_not_a_dict_are_refused_naming_the_argument(dulce_db_uri, options):
     # Was "AttributeError: 'str' object has no attribute 'items'" from deep in the option merging.
