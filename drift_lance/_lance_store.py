@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from drift_lance import schema
 from drift_lance._cache import BoundedCache
+from drift_lance._arguments import one_vector, real_array
 from drift_lance._exact import ExactMatrix
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
@@ -204,9 +205,7 @@ class LanceStore:
         columns: Sequence[str] | None = None,
         where: str | None = None,
     ) -> pl.DataFrame:
-        query = _real_array(vector, "vector")
-        if query.ndim != 1 and query.shape[:-1] != (1,):  # several rows were searched as one long vector
-            raise ConfigError(f"vector: expected one vector, got an array of shape {query.shape} (search_many takes several)")
+        query = one_vector(vector, "vector", several="search_many")  # several rows were searched as one long vector
         return (await self.search_many(table, query.reshape(1, -1), k, columns=columns, where=where))[0]
 
     async def search_many(
@@ -222,7 +221,7 @@ class LanceStore:
         matrix product (20 queries cost about 5 single ones); ANN tables get one multi-vector
         LanceDB query (20 at 10^6 x 1536: ~28% less CPU and 10-18% less wall time than 20 queries
         run concurrently, with the same results)."""
-        matrix = _real_array(vectors, "vectors")
+        matrix = real_array(vectors, "vectors")
         k = _checked_k(k)
         if isinstance(columns, str):  # else searched as its letters' columns
             raise ConfigError(f"columns: expected a list of column names, got the string {columns!r}")
@@ -680,18 +679,6 @@ def _ingest_hint(uri: str) -> str:
     database = folder.resolve().with_name(f"{folder.resolve().name}.lancedb")
     return (f"it holds GraphRAG output (parquet or CSV tables), not a drift-lance database: run "
             f"`drift-lance ingest {shlex.quote(uri)} --db {shlex.quote(str(database))}`, then use --db {shlex.quote(str(database))}")
-
-
-def _real_array(value: Any, argument: str) -> np.ndarray:
-    """`value` as an array of real numbers; ConfigError naming `argument` for text (numpy's bare
-    ValueError), complex numbers (their imaginary part silently dropped) or booleans."""
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError) as exc:  # ragged nested sequences
-        raise ConfigError(f"{argument}: not an array of numbers ({exc})") from None
-    if array.dtype.kind not in "fiu":
-        raise ConfigError(f"{argument}: must hold real numbers, got dtype {array.dtype}")
-    return array
 
 
 def _checked_k(k: Any) -> int:

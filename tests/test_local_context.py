@@ -297,7 +297,7 @@ async def test_a_bad_keyword_setting_is_named_as_the_python_caller_gave_it(dulce
         (lambda v: v.astype(np.complex64), "query_vector: must hold real numbers, got dtype complex64"),
         (lambda v: v > 0, "query_vector: must hold real numbers, got dtype bool"),
         (lambda v: v.reshape(2, -1), "query_vector: must be one vector, got an array of shape (2, 1536)"),
-        (lambda v: [[1.0], [1.0, 2.0]], "query_vector: not a vector of numbers"),
+        (lambda v: [[1.0], [1.0, 2.0]], "query_vector: not an array of numbers"),
     ],
 )
 async def test_a_query_vector_numpy_would_mangle_is_refused_naming_the_argument(dulce_store, golden_local_context, make, message):

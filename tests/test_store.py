@@ -133,7 +133,7 @@ async def test_storage_options_that_are_not_a_dict_are_refused_naming_the_argume
         (None, "5", {}, "k: expected a whole number >= 0, got '5'"),
         ("abc", 5, {}, "vector: must hold real numbers, got dtype <U3"),  # was numpy's bare ValueError
         ("complex", 5, {}, "vector: must hold real numbers, got dtype complex64"),  # was searched without its imaginary part
-        ("two rows", 5, {}, "vector: expected one vector, got an array of shape (2, 1536) (search_many takes several)"),
+        ("two rows", 5, {}, "vector: must be one vector, got an array of shape (2, 1536) (search_many takes several)"),
         (None, 5, {"columns": "title"}, "columns: expected a list of column names, got the string 'title'"),
     ],
 )

@@ -27,6 +27,7 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from drift_lance import schema
+from drift_lance._arguments import one_vector
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
 from drift_lance.config.local import LocalSearchConfig
@@ -799,16 +800,9 @@ def checked_query_vector(value: object) -> np.ndarray:
     """`query_vector` as one flat float32 vector. numpy would turn text into a ValueError, drop a
     complex part, read booleans as 0/1 and flatten several rows into one long vector, and a NaN
     would fail in the store naming a table: each is a ConfigError naming the argument instead."""
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError) as exc:  # ragged nested sequences
-        raise ConfigError(f"query_vector: not a vector of numbers ({exc})") from None
-    if array.dtype.kind not in "fiu":
-        raise ConfigError(f"query_vector: must hold real numbers, got dtype {array.dtype}")
-    if array.ndim != 1 and array.shape[:-1] != (1,):  # an embedder's one-row matrix is fine
-        raise ConfigError(f"query_vector: must be one vector, got an array of shape {array.shape}")
+    array = one_vector(value, "query_vector")  # an embedder's one-row matrix is fine
     with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf, reported below
-        vector = array.astype(np.float32).reshape(-1)
+        vector = array.astype(np.float32)
     if not np.all(np.isfinite(vector)):
         raise ConfigError("query_vector: contains NaN or inf (or a value beyond float32's range)")
     return vector
