@@ -1,6 +1,6 @@
-"""Checks of array arguments at the public API: numpy accepts what a search cannot use (text as a
-bare ValueError, complex numbers with their imaginary part dropped, booleans as 0/1, several rows
-flattened into one long vector), so each is a ConfigError naming the argument instead."""
+"""Checks of arguments at the public API, each a ConfigError naming the argument. Arrays: numpy
+accepts what a search cannot use (text as a bare ValueError, complex numbers with their imaginary
+part dropped, booleans as 0/1, several rows flattened into one long vector)."""
 
 from __future__ import annotations
 
@@ -30,3 +30,10 @@ def one_vector(value: Any, argument: str, *, several: str = "") -> np.ndarray:
         instead = f" ({several} takes several)" if several else ""
         raise ConfigError(f"{argument}: must be one vector, got an array of shape {array.shape}{instead}")
     return array.reshape(-1)
+
+
+def check_open_store(store: object) -> None:
+    """A store that is not open (None, a config, anything without a manifest) would fail at the
+    first search as an AttributeError, or fail every DRIFT follow-up."""
+    if getattr(store, "manifest", None) is None:
+        raise ConfigError(f"store: expected an open store (`await open_store(uri)`), got {type(store).__name__}")

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import polars as pl
 
+from drift_lance._arguments import check_open_store
 from drift_lance.config import checked_config
 from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.config.ingest import StoreConfig
@@ -518,8 +519,7 @@ def local_config_for_drift(config: DRIFTSearchConfig, base: Any = None) -> Any:
 def _check_parts(store: object, chat_model: object, embedder: object, context_builder: object, tokenizer: object) -> None:
     """Each would fail in the search as an AttributeError; a wrong context builder not even that:
     every follow-up failed and the answer came from the primer alone."""
-    if getattr(store, "manifest", None) is None:
-        raise ConfigError(f"store: expected an open store (`await open_store(uri)`), got {type(store).__name__}")
+    check_open_store(store)
     for value, argument in ((chat_model, "chat_model"), (embedder, "embedder")):
         if value is None:
             raise ConfigError(f"{argument}: required, got None")

@@ -27,7 +27,7 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from drift_lance import schema
-from drift_lance._arguments import one_vector
+from drift_lance._arguments import check_open_store, one_vector
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
 from drift_lance.config.local import LocalSearchConfig
@@ -214,8 +214,7 @@ class LocalContextBuilder:
     ):
         if isinstance(store, (str, os.PathLike)):  # would fail at the first build, as an AttributeError
             raise ConfigError(f"store: expected an open store (`await open_store({str(store)!r})`), got the path itself")
-        if getattr(store, "manifest", None) is None:
-            raise ConfigError(f"store: expected an open store (`await open_store(uri)`), got {type(store).__name__}")
+        check_open_store(store)
         self.store = store
         self.config = checked_config(config, LocalSearchConfig, "config") or LocalSearchConfig()
         self._tokenizer = tokenizer
