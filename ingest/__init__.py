@@ -33,7 +33,7 @@ from drift_lance.models.compat import native_dimension, normalise_model_id
 from drift_lance.store import Manifest
 from ingest.embeddings import TableVectors, align, compute, find_reusable
 from ingest.layouts import SourceIndex, detect_layout
-from ingest.lock import IngestLock
+from ingest.lock import IngestLock, local_folder
 from ingest.normalize import NormalizedIndex, embedding_texts, normalize
 from ingest.writer import IndexWriter, PreparedTable
 
@@ -211,14 +211,15 @@ async def run_ingest(
 
     Vectors are reused from the index when present (model id: `embedding_model` or "unknown"),
     otherwise computed with `embedder` (default: `drift_lance.models.get_embedder()`); `reembed`
-    recomputes all of them. Raises IngestError (bad input, or another ingest is writing to this
-    local database; nothing written) or StoreError."""
+    recomputes all of them. Raises IngestError (bad input, a local database in or around `src`, or
+    another ingest is writing to this local database; nothing written) or StoreError."""
     config = _checked_config(checked_config(config, IngestConfig, "config") or IngestConfig())
     check_model_argument(embedder, "embedder", "embed", "embedding_model")
     db_uri = str(db_uri)
     if not db_uri.strip():  # LanceDB would take it for the current directory
         raise ConfigError("db_uri: empty; name the LanceDB database (a folder, s3://bucket/path, ...)")
     started = time.perf_counter()
+    _check_apart(src, db_uri)  # before the lock: taking it writes a lock file into an existing folder
     lock = IngestLock(db_uri)
     lock.take(create=False)  # before the slow preparation, so a second ingest stops at once
     if lock.folder is None:
@@ -262,6 +263,28 @@ async def run_ingest(
         computed_vectors=done.computed,
         warnings=done.warnings + writer.warnings,
     )
+
+
+def _check_apart(src: str | Path, db_uri: str) -> None:
+    """A local database must be a folder of its own, apart from the GraphRAG output folder it is made
+    from: LanceDB tables written among graphrag's files (or into its own `lancedb/` vector store, which
+    ingest reads vectors from) mix two programs' data in one folder, and a database folder holding
+    the source puts the source at the mercy of whatever replaces or deletes the database."""
+    folder = local_folder(db_uri)
+    if folder is None:  # object storage: no local folder to collide with
+        return
+    root = detect_layout(src).root.resolve()  # the folder the tables are read from (maybe SRC/output)
+    db = folder.expanduser().resolve()
+    if db == root:
+        relation = "is"
+    elif db.is_relative_to(root):
+        relation = "is inside"
+    elif root.is_relative_to(db):
+        relation = "holds"
+    else:
+        return
+    raise IngestError(f"database {db_uri} {relation} the GraphRAG output folder {root} being ingested (SRC {src}); "
+                      "the database must be a folder apart from it: choose another one (nothing was written)")
 
 
 def _checked_config(config: IngestConfig) -> IngestConfig:

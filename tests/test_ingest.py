@@ -810,6 +810,44 @@ async def test_bad_input_leaves_existing_database_untouched(dulce_dir, tmp_path)
         assert await (await db.open_table(table)).version() == version
 
 
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("db", "relation"),
+    [
+        ("src", "is"),
+        ("src/", "is"),
+        ("src/lancedb", "is inside"),  # graphrag 3.x's own vector store, which ingest reads vectors from
+        ("src/drift-db", "is inside"),
+        ("project", "holds"),  # the tables are read from project/output: graphrag's usual layout
+        (".", "holds"),
+    ],
+)
+def test_a_database_in_or_around_the_source_folder_is_refused(db, relation, dulce_dir, tmp_path, monkeypatch, capsys):
+    """The database was written among graphrag's files (or into its lancedb/ vector store), or around
+    them; now refused before anything is written, naming both folders."""
+    project = tmp_path / "project"
+    copy_index(dulce_dir, project / "output")
+    (tmp_path / "src").symlink_to(project / "output")  # `src` is the output folder under another name
+    monkeypatch.chdir(tmp_path)
+    before = _tree(tmp_path)
+    src = "project" if db in ("project", ".") else "src"
+    code = cli_main(["ingest", src, "--db", db, "--embedder", "hash", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"database {db} {relation} the GraphRAG output folder {(project / 'output').resolve()} being ingested (SRC {src})" in err, err
+    assert _tree(tmp_path) == before  # not even a lock file
+
+
+def test_a_database_beside_the_output_folder_in_the_graphrag_project_is_accepted(dulce_dir, tmp_path):
+    project = tmp_path / "project"
+    copy_index(dulce_dir, project / "output")
+    report = ingest.ingest(project, project / "db", progress=False)
+    assert report.manifest.source_path == str((project / "output").resolve())
+
+
 @pytest.mark.parametrize(
     ("file", "dropped", "expected"),
     [
