@@ -1443,6 +1443,14 @@ def test_cli_ingest_rejects_invalid_values_naming_the_option(flags, expected, du
     assert list(tmp_path.iterdir()) == []
 
 
+def test_cli_ingest_names_the_variable_of_an_unknown_embedding_backend(dulce_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DRIFT_LANCE_EMBEDDING_BACKEND", "foo")
+    assert cli_main(["ingest", str(dulce_dir), "--db", str(tmp_path / "db"), "--no-progress"]) == 2
+    assert ("environment variable DRIFT_LANCE_EMBEDDING_BACKEND: field models.embedding_backend: unknown embedding "
+            "backend 'foo'; choose one of auto, azure, hash, local, openai") in capsys.readouterr().err
+    assert not (tmp_path / "db").exists()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [

@@ -104,6 +104,36 @@ def test_registry_selects_by_name_and_rejects_unknown(clean_env):
         get_embedder(ModelSettings(embedding_backend="nope"))
 
 
+@pytest.mark.parametrize(
+    ("variables", "build", "expected"),
+    [
+        ({"DRIFT_LANCE_CHAT_BACKEND": "nope"}, get_chat_model,
+         "environment variable DRIFT_LANCE_CHAT_BACKEND: field models.chat_backend: unknown backend 'nope'; registered: "),
+        ({"DRIFT_LANCE_EMBEDDING_BACKEND": "nope"}, get_embedder,
+         "environment variable DRIFT_LANCE_EMBEDDING_BACKEND: field models.embedding_backend: unknown backend 'nope'; registered: "),
+        ({"DRIFT_LANCE_CHAT_BACKEND": "local", "DRIFT_LANCE_LLAMA_MODEL_PATH": "/nowhere/model.gguf"}, get_chat_model,
+         "environment variable DRIFT_LANCE_LLAMA_MODEL_PATH: field models.llama_model_path: GGUF file not found: /nowhere/model.gguf"),
+        ({"DRIFT_LANCE_EMBEDDING_BACKEND": "local", "DRIFT_LANCE_EMBEDDING_MODEL": "nope"}, get_embedder,
+         "environment variable DRIFT_LANCE_EMBEDDING_MODEL: field models.embedding_model: 'nope' is not an embedded model"),
+    ],
+    ids=["chat backend", "embedding backend", "llama model path", "embedded model"],
+)
+def test_a_bad_model_variable_found_when_the_model_is_built_names_the_variable(variables, build, expected, clean_env):
+    """Valid at load (any text may name a registered backend), bad when the model is built: the
+    error named the field ("chat_backend: unknown backend 'nope'") but not the variable that set it."""
+    from drift_lance.config.settings import Settings
+
+    for name, value in variables.items():
+        clean_env.setenv(name, value)
+    for settings in (None, Settings.load().models, Settings.load().with_updates({"drift.n_depth": 2}).models):
+        with pytest.raises(ConfigError) as info:
+            build(settings)
+        assert str(info.value).startswith(expected), str(info.value)
+    # a value set in code came from no variable: the field alone, as before
+    with pytest.raises(ConfigError, match="^chat_backend: unknown backend 'other'"):
+        get_chat_model(Settings.load().models.model_copy(update={"chat_backend": "other"}))
+
+
 def test_settings_may_be_a_dict_of_their_fields(clean_env):
     # As open_drift_search's model_settings: a dict was "'dict' object has no attribute 'resolve'".
     clean_env.setenv("DRIFT_LANCE_CHAT_MODEL", "from-env")

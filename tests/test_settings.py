@@ -142,6 +142,23 @@ def test_a_bad_model_variable_is_blamed_on_the_variable_not_on_the_config_file(t
     assert str(path) not in str(info.value)
 
 
+def test_a_bad_model_setting_found_when_the_model_is_built_names_the_file_or_variable(tmp_path, monkeypatch):
+    """`chat_backend = "nope"` in a settings file failed at the first model build with
+    "chat_backend: unknown backend 'nope'", naming neither the file nor the variable."""
+    from drift_lance.models import get_chat_model
+
+    monkeypatch.delenv("DRIFT_LANCE_CHAT_BACKEND", raising=False)
+    path = tmp_path / "f.toml"
+    path.write_text('[models]\nchat_backend = "nope"\n')
+    with pytest.raises(ConfigError) as info:
+        get_chat_model(Settings.load(path).models)
+    assert str(info.value).startswith(f"config file {path}: field models.chat_backend: unknown backend 'nope'; registered: ")
+    monkeypatch.setenv("DRIFT_LANCE_CHAT_BACKEND", "nah")  # the variable wins over the file, and is named
+    with pytest.raises(ConfigError) as info:
+        get_chat_model(Settings.load(path).models)
+    assert str(info.value).startswith("environment variable DRIFT_LANCE_CHAT_BACKEND: field models.chat_backend: unknown backend 'nah'")
+
+
 def test_an_empty_model_name_variable_is_named(tmp_path, monkeypatch):
     """`DRIFT_LANCE_CHAT_MODEL=` (compose's ${CHAT_MODEL} of an unset variable) failed at the first
     model call with "no chat model configured for the openai backend", naming no variable."""

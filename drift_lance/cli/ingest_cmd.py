@@ -81,13 +81,15 @@ def _row_count(text: str) -> int:
     return value
 
 
-def _check_embedder(backend: str, from_flag: bool) -> None:
+def _check_embedder(models: Any, from_flag: bool) -> None:
     """An unknown backend is refused at once, not only when some table turns out to need vectors."""
     from drift_lance.cli import UsageError
     from drift_lance.models.registry import embedders
 
+    backend = models.embedding_backend
     if backend != "auto" and backend not in embedders():
-        where = "--embedder" if from_flag else "models.embedding_backend"
+        origin = models.origin_of("embedding_backend")
+        where = "--embedder" if from_flag else f"{origin}: field models.embedding_backend" if origin else "models.embedding_backend"
         raise UsageError(f"{where}: unknown embedding backend {backend!r}; choose one of auto, {', '.join(embedders())}")
 
 
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     models = settings.models
     if args.embedder:
         models = models.model_copy(update={"embedding_backend": args.embedder})
-    _check_embedder(models.embedding_backend, from_flag=bool(args.embedder))
+    _check_embedder(models, from_flag=bool(args.embedder))
     report = ingest.ingest(
         args.src,
         args.db,

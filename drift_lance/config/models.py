@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from drift_lance.errors import ConfigError
@@ -116,6 +116,35 @@ class ModelSettings(BaseSettings):
     # one sentence inside the primer's JSON string until the output cap cut it (an unparseable fold,
     # 12 s of the demo). 1.15 keeps it on topic (1.3 loops by paragraph); the JSON grammar still holds.
     llama_repeat_penalty: float = Field(1.15, ge=1.0, le=2.0, description="llama.cpp repeat penalty")
+
+    # field -> (where its value came from, that value): recorded by the settings loader, so an error
+    # about a value found bad only when it is used (an unknown backend, a missing GGUF file) names the
+    # environment variable or file that set it, as a load-time error does.
+    _origins: dict[str, tuple[str, object]] = PrivateAttr(default_factory=dict)
+
+    def with_origins(self, origins: typing.Mapping[str, str]) -> ModelSettings:
+        """These settings, remembering that field `name`'s current value came from `origins[name]`
+        ("environment variable DRIFT_LANCE_CHAT_BACKEND", "config file /etc/drift.toml")."""
+        self._origins = {**self._origins, **{name: (where, getattr(self, name)) for name, where in origins.items()}}
+        return self
+
+    def origin_of(self, field: str) -> str | None:
+        """Where the value of `field` came from, when the loader recorded it and it is still that
+        value (`resolve()` or a `model_copy(update=...)` may have replaced it since)."""
+        found = self._origins.get(field)
+        return found[0] if found is not None and found[1] == getattr(self, field, None) else None
+
+    def named_error(self, exc: ConfigError) -> ConfigError:
+        """`exc` ("chat_backend: unknown backend 'nope'; ...") naming where that field's value came
+        from, in the form a bad value found at load time has: "environment variable
+        DRIFT_LANCE_CHAT_BACKEND: field models.chat_backend: unknown backend 'nope'; ..."."""
+        field, sep, rest = str(exc).partition(": ")
+        where = self.origin_of(field) if sep and field in type(self).model_fields else None
+        if where is None:
+            return exc
+        named = ConfigError(f"{where}: field models.{field}: {rest}")
+        named.__cause__ = exc.__cause__
+        return named
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

@@ -147,6 +147,7 @@ class Settings(BaseSettings):
             checked = _InitOnlySettings(**data)
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc)) from None
+        checked.models._origins = self.models._origins  # values unchanged keep naming their variable or file
         return Settings.model_construct(**{name: getattr(checked, name) for name in Settings.model_fields})
 
 
@@ -364,21 +365,25 @@ def _model_settings(section: Any, source: Path | None) -> ModelSettings:
     from_env = model_settings_from_env()
     env_values = {name: getattr(from_env, name) for name in from_env.model_fields_set}
     try:
-        return ModelSettings(**{**(section or {}), **env_values})
+        settings = ModelSettings(**{**(section or {}), **env_values})
     except ValidationError as exc:
         where = f"config file {source}" if source is not None else "model settings"
         raise ConfigError(f"{where}: {describe_validation_error(exc, prefix='models')}") from None
+    # where each value came from, for the errors only its use finds (an unknown backend, a missing file)
+    origins = {name: f"config file {source}" for name in (section or {}) if name in ModelSettings.model_fields and source}
+    return settings.with_origins({**origins, **{name: f"environment variable {_model_variable(name)}" for name in env_values}})
 
 
 def model_settings_from_env() -> ModelSettings:
     """ModelSettings from its DRIFT_LANCE_<FIELD> variables alone; a bad one is a ConfigError
     naming the variable (not a file that may not set the field)."""
     try:
-        return ModelSettings()
+        settings = ModelSettings()
     except ValidationError as exc:
         names = sorted({_model_variable(str(err["loc"][0])) for err in exc.errors() if err["loc"]})
         raise ConfigError(f"environment variable {', '.join(names)}: "
                           f"{describe_validation_error(exc, prefix='models')}") from None
+    return settings.with_origins({name: f"environment variable {_model_variable(name)}" for name in settings.model_fields_set})
 
 
 def _model_variable(field: str) -> str:

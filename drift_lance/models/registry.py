@@ -51,16 +51,19 @@ def get_chat_model(settings: ModelSettings | Mapping[str, Any] | None = None) ->
     also works), wrapped in the on-disk response cache when `cache_dir` is set. Close it with
     `await model.aclose()` when done (its HTTP sessions)."""
     settings = (checked_config(settings, ModelSettings, "settings") or default_model_settings()).resolve()
-    factory = _chat_backends.get(settings.chat_backend)
-    if factory is None:
-        raise ConfigError(
-            f"chat_backend: unknown backend {settings.chat_backend!r}; registered: {', '.join(chat_backends())}"
-        )
-    model = factory(settings)
-    if settings.cache_dir is not None:
-        from drift_lance.models.cache import CachedChatModel
+    try:
+        factory = _chat_backends.get(settings.chat_backend)
+        if factory is None:
+            raise ConfigError(
+                f"chat_backend: unknown backend {settings.chat_backend!r}; registered: {', '.join(chat_backends())}"
+            )
+        model = factory(settings)
+        if settings.cache_dir is not None:
+            from drift_lance.models.cache import CachedChatModel
 
-        model = CachedChatModel(model, settings.cache_dir, max_bytes=settings.cache_max_bytes)
+            model = CachedChatModel(model, settings.cache_dir, max_bytes=settings.cache_max_bytes)
+    except ConfigError as exc:  # a bad value named with the variable or file that set it
+        raise settings.named_error(exc) from exc.__cause__
     return model
 
 
@@ -68,13 +71,16 @@ def get_embedder(settings: ModelSettings | Mapping[str, Any] | None = None) -> E
     """An embedder for `settings` (default: from the environment; a dict of ModelSettings fields
     also works). Close it with `await embedder.aclose()` when done, if it has that method."""
     settings = (checked_config(settings, ModelSettings, "settings") or default_model_settings()).resolve()
-    factory = _embedders.get(settings.embedding_backend)
-    if factory is None:
-        raise ConfigError(
-            f"embedding_backend: unknown backend {settings.embedding_backend!r}; "
-            f"registered: {', '.join(embedders())}"
-        )
-    return factory(settings)
+    try:
+        factory = _embedders.get(settings.embedding_backend)
+        if factory is None:
+            raise ConfigError(
+                f"embedding_backend: unknown backend {settings.embedding_backend!r}; "
+                f"registered: {', '.join(embedders())}"
+            )
+        return factory(settings)
+    except ConfigError as exc:  # as in get_chat_model
+        raise settings.named_error(exc) from exc.__cause__
 
 
 # ---------------------------------------------------------------- built-in backends (lazy imports)
