@@ -301,6 +301,17 @@ def test_a_streamed_answer_cut_by_a_failure_ends_its_line_before_the_error(serve
     assert "stream failed" in captured.err
 
 
+@pytest.mark.parametrize("stream", [[], ["--stream"]], ids=["blocking", "streamed"])
+def test_an_empty_reduce_answer_fails_the_query(server, dulce_db_uri, capsys, stream):
+    """The model's final answer was "" (finish_reason stop): a blank answer was printed, exit status 0."""
+    server.on_chat = lambda request: (Reply(text="") if "---Research notes---" in request.messages[0]["content"]
+                                      else _model(request))
+    assert main(["query", QUERY, "--db", dulce_db_uri, *stream, "--set", "n_depth=0", "--set", "primer_folds=1"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.strip() == ""
+    assert "failed: EmptyAnswerError: DRIFT reduce: chat model 'gpt-4.1' returned an empty answer (nothing)" in captured.err
+
+
 def test_a_database_missing_a_table_is_refused_before_any_model_call(server, dulce_db_uri, tmp_path, capsys):
     """A copy of the database without its entities table answered exit 0 from the primer alone: every
     follow-up failed opening the table, after the HyDE and primer calls were paid for, and the answer

@@ -444,6 +444,37 @@ async def test_streamed_and_blocking_reduce_match_and_tokens_add_up(store):
         assert all(result.prompt_tokens_categories[s] > 0 for s in ("build_context", "primer", "action", "reduce"))
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["search", "stream_search"])
+@pytest.mark.parametrize("answer", ["", " \n\t "], ids=["empty", "whitespace"])
+async def test_an_empty_reduce_answer_fails_the_search(store, answer, streamed):
+    """A reduce answer of nothing or only whitespace was returned as the response (a blank CLI answer,
+    exit status 0): the reduce call now counts as failed, as an empty HyDE or primer answer is unusable."""
+    from drift_lance.models import EmptyAnswerError, ModelError
+
+    responder = drift_responder()
+    ended: list[str] = []
+
+    class Ends(DriftCallbacks):
+        def on_reduce_end(self, response):
+            ended.append(response)
+
+    def respond(messages, params, response_model):
+        return answer if stage_of(messages, response_model) == "reduce" else responder(messages, params, response_model)
+
+    search = make_search(store, ScriptedChatModel(respond), drift_k_followups=2, primer_folds=1, n_depth=1)
+    with pytest.raises(EmptyAnswerError) as info:
+        if streamed:
+            async with search.stream_search("Who leads the Dulce base?", callbacks=Ends()) as stream:
+                async for _ in stream:
+                    pass
+        else:
+            await search.search("Who leads the Dulce base?", callbacks=Ends())
+    assert isinstance(info.value, ModelError)
+    assert str(info.value).startswith("DRIFT reduce: chat model 'scripted' returned an empty answer")
+    assert info.value.usage.calls == 1  # what the call cost
+    assert ended == [] and (not streamed or stream.result is None)
+
+
 async def test_callbacks_may_be_one_object_or_a_list(store):
     """`callbacks=` takes one callbacks object as well as a sequence, on the search and per query."""
     class Counter(DriftCallbacks):

@@ -366,6 +366,25 @@ def test_model_request_failures_do_not_show_the_endpoint_or_its_error_body(servi
     assert errors and set(errors) == {"ModelRequestError"}
 
 
+def test_an_empty_drift_answer_is_a_model_error(service_settings, live_server, caplog):
+    """An empty reduce answer was a 200 with response "" (and an SSE stream that ended as if answered)."""
+    from drift_lance.testing import ScriptedChatModel
+
+    def answer(messages, params, response_model):
+        reply = drift_responder(messages, params, response_model)
+        return "" if reply == REDUCE_ANSWER else reply
+
+    srv = start(live_server, service_settings, ScriptedChatModel(answer))
+    with srv.client() as client, caplog.at_level(logging.WARNING):
+        failed = client.post("/v1/search", json={"query": "q", "method": "drift"})
+        with client.stream("POST", "/v1/search/stream", json={"query": "q", "method": "drift"}) as r:
+            events = read_sse(r)
+    assert failed.status_code == 502 and _error(failed)["code"] == "model_error"
+    assert _error(failed)["message"] == "the model request failed (empty answer); details are in the server log"
+    assert events[-1][0] == "error" and events[-1][1]["error"]["message"] == _error(failed)["message"]
+    assert "DRIFT reduce: chat model 'scripted' returned an empty answer" in caplog.text
+
+
 @pytest.mark.parametrize(("failure", "said"), [("timeout", "timed out"), ("connection", "connection failed"),
                                                 ("malformed", "malformed response"), ("too_large", "response too large"),
                                                 ("other", "no response")])

@@ -39,6 +39,7 @@ from drift_lance.models.base import (
     ChatModel,
     ChatParams,
     Embedder,
+    EmptyAnswerError,
     GeneratorStream,
     Message,
     Usage,
@@ -148,8 +149,8 @@ class DRIFTSearch:
         SearchResult; with `reduce=False` the response is the action graph. `callbacks`: progress
         callbacks for this query, after the search's own. Raises ConfigError (empty question, closed
         search), StoreError, EmbeddingMismatchError or ModelError (every primer fold or the reduce
-        failed for good; a failed HyDE call falls back to the question, a failed follow-up only
-        marks its action: see `result.failures`)."""
+        failed for good; an empty reduce answer is an EmptyAnswerError; a failed HyDE call falls
+        back to the question, a failed follow-up only marks its action: see `result.failures`)."""
         if not isinstance(reduce, bool):  # reduce="no" (a form's value) reduced, reduce=None did not
             raise ConfigError(f"reduce: expected True or False, got {type(reduce).__name__} {reduce!r}")
         with calls_ranked_from():  # under load, an earlier query's model calls go first
@@ -168,6 +169,7 @@ class DRIFTSearch:
         messages, params = await self._start_reduce(run)
         result = await run.chat.complete(messages, params=params)
         run.usage["reduce"] = run.usage["reduce"] + result.usage.of_one_call()
+        self._check_answered(result.text, result.usage)
         await emit(run.callbacks, "on_reduce_end", result.text)
         return self._result(run, response=result.text)
 
@@ -187,6 +189,15 @@ class DRIFTSearch:
         finally:
             if self._owns_store:
                 await self.store.close()
+
+    def _check_answered(self, text: str, usage: Usage) -> None:
+        """An empty reduce answer is a failed reduce call, as an empty HyDE expansion or primer answer
+        is unusable: the reduce has no fallback, and a blank answer (exit status 0, HTTP 200) would
+        pass for one."""
+        if not text.strip():
+            model = getattr(self.chat_model, "model_id", None) or type(self.chat_model).__name__
+            raise EmptyAnswerError(f"DRIFT reduce: chat model {model!r} returned an empty answer "
+                                   f"({'nothing' if not text else 'only whitespace'})", usage=usage)
 
     def _raise_if_closed(self, exc: Exception) -> None:
         """A search that fails because `close()` shut its models meanwhile says so, instead of
@@ -473,6 +484,7 @@ class DriftStream(GeneratorStream):
             await stream.aclose()
         run.usage["reduce"] = run.usage["reduce"] + stream.usage.of_one_call()
         text = "".join(parts)
+        search._check_answered(text, stream.usage)  # an empty stream fails as an empty answer does
         await emit(run.callbacks, "on_reduce_end", text)
         self.result = search._result(run, response=text)
 

@@ -28,7 +28,7 @@ from drift_lance.config.service import RequestCaps
 from drift_lance.config.settings import Settings
 from drift_lance.drift.result import SearchResult
 from drift_lance.errors import USER_ERRORS, ConfigError, StoreError, first_cause
-from drift_lance.models.base import ModelError, ModelRequestError, StructuredOutputError
+from drift_lance.models.base import EmptyAnswerError, ModelError, ModelRequestError, StructuredOutputError
 from drift_lance.models.deadline import LLMTimeoutError
 from drift_lance.service.backend import Method, SearchBackend
 from drift_lance.service.errors import ApiError, cancelled_by_shutdown, error_responses, install_error_handlers
@@ -659,6 +659,8 @@ def _model_failure(exc: BaseException) -> str:
             return _request_failure(exc)
         if isinstance(exc, StructuredOutputError):
             return "answer was not the requested JSON"
+        if isinstance(exc, EmptyAnswerError):
+            return "empty answer"
         if isinstance(exc, LLMTimeoutError):
             return "timed out (llm_timeout)"
         exc = exc.__cause__  # type: ignore[assignment]
