@@ -33,6 +33,7 @@ import pyarrow as pa
 from drift_lance import schema
 from drift_lance._cache import BoundedCache
 from drift_lance._arguments import one_vector, real_array
+from drift_lance._opening import Opening
 from drift_lance._exact import ExactMatrix
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
@@ -699,7 +700,30 @@ def _checked_uri(uri: Any) -> str:
     return uri
 
 
-async def open_store(
+def open_store(
+    uri: str | os.PathLike[str],
+    *,
+    storage_options: dict[str, str] | None = None,
+    config: StoreConfig | Mapping[str, Any] | None = None,
+    generation: int | None = None,
+    session: Any = None,
+) -> Opening[LanceStore]:
+    """Open the ingested index at `uri` (any LanceDB URI), pinned to its newest complete manifest
+    (or to `generation`). Raises StoreError naming the URI when there is no complete ingest.
+
+    Storage options: `config.storage_options` updated by `storage_options`, plus allow_http for an
+    http:// S3 endpoint (see `drift_lance.object_store`). `session`: a `lancedb.Session` to share
+    LanceDB's caches with another store (default: a new one sized by `config`).
+
+        store = await open_store(uri)           # close it with `await store.close()`
+        async with open_store(uri) as store:    # or let the block close it
+            ...
+
+    Nothing is opened until it is awaited or entered."""
+    return Opening(lambda: _open_store(uri, storage_options=storage_options, config=config, generation=generation, session=session))
+
+
+async def _open_store(
     uri: str | os.PathLike[str],
     *,
     storage_options: dict[str, str] | None = None,
@@ -707,12 +731,7 @@ async def open_store(
     generation: int | None = None,
     session: Any = None,
 ) -> LanceStore:
-    """Open the ingested index at `uri` (any LanceDB URI), pinned to its newest complete manifest
-    (or to `generation`). Raises StoreError naming the URI when there is no complete ingest.
-
-    Storage options: `config.storage_options` updated by `storage_options`, plus allow_http for an
-    http:// S3 endpoint (see `drift_lance.object_store`). `session`: a `lancedb.Session` to share
-    LanceDB's caches with another store (default: a new one sized by `config`)."""
+    """`open_store` once awaited or entered."""
     uri = _checked_uri(uri)
     config = checked_config(config, StoreConfig, "config") or StoreConfig()
     if storage_options is not None and not isinstance(storage_options, Mapping):  # else an AttributeError on .items()

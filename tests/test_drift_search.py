@@ -843,6 +843,39 @@ async def test_each_epoch_maps_its_follow_ups_with_one_batched_entity_search(dul
         assert (builder.builds_searching, builder.builds_with_selections, builder.builds_with_candidates) == (0, 6, 6)
 
 
+async def test_open_drift_search_may_be_awaited_or_used_in_async_with(dulce_db_uri):
+    """`async with open_drift_search(db) as search:` failed with "'coroutine' object does not support
+    the asynchronous context manager protocol" and a never-awaited warning: it now opens the search
+    and closes it (and the store it opened) on leaving the block, even on an error."""
+    import warnings
+
+    from drift_lance import open_drift_search, open_store
+
+    dim = 3072
+    parts = {"chat_model": ScriptedChatModel(drift_responder()), "embedder": HashEmbedder(dim),
+             "config": {"n_depth": 0, "primer_folds": 1, "seed": 1}}
+    async with open_drift_search(dulce_db_uri, **parts) as search:
+        assert isinstance(search, DRIFTSearch)
+        assert (await search.search("Who leads the Dulce base?")).response == REDUCE_TEXT
+    with pytest.raises(ConfigError, match="is closed"):
+        await search.search("again?")
+    assert search.store._closed
+    with pytest.raises(RuntimeError, match="in the block"):
+        async with open_drift_search(dulce_db_uri, **parts) as failing:
+            raise RuntimeError("in the block")
+    assert failing.store._closed
+    awaited = await open_drift_search(dulce_db_uri, **parts)  # the awaited form is unchanged, and left open
+    assert isinstance(awaited, DRIFTSearch) and not awaited.store._closed
+    await awaited.close()
+    # made and dropped unused: nothing is opened (a missing database is not even looked at), no warning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        open_drift_search("/no/such/database", **parts)
+        open_store("/no/such/database")
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_a_search_failing_because_close_ran_meanwhile_says_so(store, streamed):
     """close() shuts the models a search uses; the search then fails naming the close, not as

@@ -709,6 +709,21 @@ def test_one_store_serves_several_event_loops(dulce_db_uri):
         asyncio.run(store.search("entities", query, 3))
 
 
+async def test_open_store_may_be_awaited_or_used_in_async_with(dulce_db_uri):
+    """`async with open_store(uri) as store:` failed ("'coroutine' object does not support the
+    asynchronous context manager protocol"): it now opens the store and closes it on leaving."""
+    async with open_store(dulce_db_uri) as store:
+        assert (await store.count("entities")) == store.manifest.tables["entities"].rows
+    with pytest.raises(StoreError, match="this store is closed"):
+        await store.count("entities")
+    opening = open_store(dulce_db_uri)
+    opened = await opening  # the awaited form is unchanged, and left open
+    assert not opened._closed
+    with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):  # as a coroutine says
+        await opening
+    await opened.close()
+
+
 @pytest.mark.parametrize(("uri", "message"), [(None, "got NoneType"), ("", "empty"), ("  ", "empty"), (b"db", "got bytes")])
 async def test_a_missing_or_blank_database_uri_is_a_config_error(uri, message, tmp_path, monkeypatch):
     """open_store(None) (an unset `os.environ.get("DB")`) looked for a folder named "None", and "" opened

@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from drift_lance._arguments import check_open_store
+from drift_lance._opening import Opening
 from drift_lance.config import checked_config
 from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.config.ingest import StoreConfig
@@ -544,7 +545,37 @@ def _check_parts(store: object, chat_model: object, embedder: object, context_bu
         raise ConfigError(f"tokenizer: expected a tokenizer (`get_tokenizer('o200k_base')`), got {type(tokenizer).__name__}")
 
 
-async def open_drift_search(
+def open_drift_search(
+    db_uri: str | os.PathLike[str],
+    *,
+    config: DRIFTSearchConfig | Mapping[str, Any] | None = None,
+    chat_model: ChatModel | None = None,
+    embedder: Embedder | None = None,
+    storage_options: dict[str, str] | None = None,
+    model_settings: ModelSettings | Mapping[str, Any] | None = None,
+    local_config: LocalSearchConfig | Mapping[str, Any] | None = None,
+    callbacks: DriftCallbacks | Sequence[DriftCallbacks] = (),
+    store_config: StoreConfig | Mapping[str, Any] | None = None,
+) -> Opening[DRIFTSearch]:
+    """A ready DRIFTSearch on the index at `db_uri`. Models not given are built from
+    `model_settings` (default: from the environment; embedded offline models when no OpenAI endpoint
+    is configured). `store_config`: how the index is read (ANN probes, caches, storage options), as
+    `Settings.store` sets it for the CLI and the service. Each settings argument also takes a dict
+    of its fields; a bad one is a ConfigError naming it. Opens the store and reads its manifest;
+    nothing is loaded per report or entity.
+
+        search = await open_drift_search(db)           # close it with `await search.close()`
+        async with open_drift_search(db) as search:    # or let the block close it
+            ...
+
+    Nothing is opened until it is awaited or entered."""
+    return Opening(lambda: _open_drift_search(
+        db_uri, config=config, chat_model=chat_model, embedder=embedder, storage_options=storage_options,
+        model_settings=model_settings, local_config=local_config, callbacks=callbacks, store_config=store_config,
+    ))
+
+
+async def _open_drift_search(
     db_uri: str | os.PathLike[str],
     *,
     config: DRIFTSearchConfig | Mapping[str, Any] | None = None,
@@ -556,12 +587,7 @@ async def open_drift_search(
     callbacks: DriftCallbacks | Sequence[DriftCallbacks] = (),
     store_config: StoreConfig | Mapping[str, Any] | None = None,
 ) -> DRIFTSearch:
-    """A ready DRIFTSearch on the index at `db_uri`. Models not given are built from
-    `model_settings` (default: from the environment; embedded offline models when no OpenAI endpoint
-    is configured). `store_config`: how the index is read (ANN probes, caches, storage options), as
-    `Settings.store` sets it for the CLI and the service. Each settings argument also takes a dict
-    of its fields; a bad one is a ConfigError naming it. Opens the store and reads its manifest;
-    nothing is loaded per report or entity. Close it with `await search.close()` or `async with`."""
+    """`open_drift_search` once awaited or entered."""
     from drift_lance._lance_store import open_store
     from drift_lance.local.context import LocalContextBuilder
     from drift_lance.models import get_chat_model, get_embedder
