@@ -199,6 +199,25 @@ def test_inspect_reads_the_database_from_settings_and_a_closed_pipe_is_quiet(dul
     assert proc.returncode == 0 and f"database   {dulce_db_uri}" in proc.stdout
 
 
+def test_query_on_a_database_missing_a_data_file_exits_2_naming_it_before_any_model_call(dulce_db_uri, tmp_path):
+    """`drift-lance query` on a partial copy (the entities data file deleted) answered from the primer
+    alone, exit 0, every follow-up's local context having failed; it is one line and exit 2, and no
+    model is called."""
+    import shutil
+
+    from drift_lance.testing import FakeOpenAIServer
+
+    partial = tmp_path / "partial"
+    shutil.copytree(dulce_db_uri, partial)
+    (data_file,) = (partial / "entities.lance" / "data").iterdir()
+    data_file.unlink()
+    with FakeOpenAIServer(embedding_dim=3072) as server:
+        env = cli_env(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="sk-test", DRIFT_LANCE_MAX_RETRIES="0")
+        proc = drift_lance("query", "Who leads?", "--db", str(partial), env=env)
+        assert_one_line_error(proc, "table 'entities'", f"file {data_file} is missing")
+        assert server.requests == []
+
+
 def test_a_closed_standard_output_is_refused_before_any_work(dulce_db_uri):
     """`drift-lance query ... >&-`: the result has nowhere to go, so say so before paying for a
     search (it used to end in an AttributeError traceback after the work)."""

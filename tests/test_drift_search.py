@@ -1019,6 +1019,24 @@ async def test_a_search_kept_open_past_its_generations_cleanup_says_to_reopen(du
         assert (await reopened.search("Who leads the Dulce base?")).response == REDUCE_TEXT
 
 
+async def test_open_drift_search_refuses_a_missing_data_file_before_any_model_call(dulce_db_uri, tmp_path):
+    """A copy whose text_units data file is missing (a partial sync) opened, and every DRIFT query
+    answered from the primer alone: each follow-up's local context failed, reported as degraded."""
+    import shutil
+
+    from drift_lance.drift import open_drift_search
+    from drift_lance.errors import StoreError
+
+    partial = tmp_path / "partial"
+    shutil.copytree(dulce_db_uri, partial)
+    for data_file in (partial / "text_units.lance" / "data").iterdir():
+        data_file.unlink()
+    chat, embedder = ScriptedChatModel(drift_responder()), HashEmbedder(3072)
+    with pytest.raises(StoreError, match=r"table 'text_units' at version \d+: file .*text_units.lance/data/.* is missing"):
+        await open_drift_search(partial, chat_model=chat, embedder=embedder)
+    assert chat.calls == [] and embedder.calls == []
+
+
 async def test_open_drift_search_refuses_a_database_missing_a_table(dulce_db_uri, tmp_path):
     """Opened on a copy without its entities table, every search answered from the primer alone (each
     follow-up failed opening the table) and only reported itself degraded."""

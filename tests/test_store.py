@@ -288,6 +288,34 @@ async def test_query_vector_must_be_finite_and_scale_does_not_matter(dulce_store
         np.testing.assert_allclose(found["_similarity"].to_numpy(), expected["_similarity"].to_numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+@pytest.mark.parametrize("table", ["entities", "relationships", "community_reports", "text_units", "covariates"])
+async def test_open_tables_refuses_a_missing_or_truncated_data_file_naming_table_and_file(dulce_db_uri, tmp_path, table, damage):
+    """A database folder whose data file of one table was deleted or cut short (a partial copy or
+    sync) opened fine: the manifest and table metadata read, and a DRIFT query answered from the
+    primer alone (every follow-up's local context failed), exit 0. `open_tables` now stats each
+    data file of the pinned versions against the size the version recorded."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(dulce_db_uri, copy)
+    (data_file,) = (copy / f"{table}.lance" / "data").iterdir()  # each dulce table is one data file
+    if damage == "deleted":
+        data_file.unlink()
+        problem = "is missing"
+    else:
+        size = data_file.stat().st_size
+        with open(data_file, "r+b") as handle:
+            handle.truncate(size // 2)
+        problem = rf"is {size // 2:,} bytes, not the {size:,} that version wrote \(truncated\?\)"
+    store = await open_store(str(copy))
+    try:
+        with pytest.raises(StoreError, match=rf"^{copy}: table '{table}' at version \d+: file {data_file} {problem}; the database folder is incomplete"):
+            await store.open_tables()
+    finally:
+        await store.close()
+
+
 async def test_unknown_table_is_a_store_error(dulce_store):
     assert not dulce_store.has_table("claims")
     with pytest.raises(StoreError, match="'claims'"):
