@@ -586,6 +586,24 @@ class LanceStore:
             except StoreError as unreadable:
                 raise unreadable from exc
 
+    async def unreadable_error(self, exc: BaseException) -> StoreError | None:
+        """For a read that failed with `exc` (an error that is not ours) in a search that degrades
+        around it (a DRIFT follow-up): the StoreError naming the table when a file of the pinned
+        version is missing or truncated (`check_files_present` on a local database, then
+        `check_readable`). None when every table reads whole, and on object storage when the check
+        failed for another reason than a missing object (a timeout: maybe transient). Only after a
+        failure, so a search pays nothing for it."""
+        if isinstance(exc, DriftLanceError):
+            return None
+        for table in self.manifest.tables:
+            try:
+                if self._local:
+                    await self.check_files_present(table)
+                await self.check_readable(table)
+            except StoreError as unreadable:
+                return unreadable if self._local or "not found" in str(unreadable).lower() else None
+        return None
+
     async def generations(self) -> list[int]:
         """Generations of every complete manifest in the database (this store pins one of them)."""
         return [m.generation for m in await self.manifests()]

@@ -312,6 +312,29 @@ async def test_failing_actions_do_not_fail_the_query(store):
     assert "answer to P1-0" in reduce_prompt and "answer to P0-0" not in reduce_prompt
 
 
+@pytest.mark.parametrize("table", ["entities", "relationships", "text_units"])
+async def test_a_data_file_deleted_after_open_fails_the_query_naming_the_table(dulce_db_uri, tmp_path, table):
+    """A data file of a table the follow-ups read, deleted after the search opened (a sync that
+    removed it, a cleanup by hand): every follow-up's local context failed and the answer came from
+    the primer alone, reported only as degraded. The first failure now checks the store, and the
+    query ends with a StoreError naming the table and the file, before any follow-up or reduce call."""
+    import shutil
+
+    from drift_lance.drift import open_drift_search
+    from drift_lance.errors import StoreError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(dulce_db_uri, copy)
+    chat = ScriptedChatModel(drift_responder())
+    async with await open_drift_search(copy, chat_model=chat, embedder=HashEmbedder(3072),
+                                       config={"seed": 1, "drift_k_followups": 2, "primer_folds": 1}) as search:
+        (data_file,) = (copy / f"{table}.lance" / "data").iterdir()
+        data_file.unlink()
+        with pytest.raises(StoreError, match=rf"table '{table}' at version \d+: file {data_file} is missing"):
+            await search.search("Who leads the Dulce base?")
+    assert stages(chat) == ["hyde", "primer"]
+
+
 async def test_action_timeout_marks_the_action_and_the_search_goes_on(store):
     base = drift_responder()
 

@@ -35,7 +35,7 @@ from drift_lance.drift.primer import DRIFTPrimer, check_embedder, failed_call_us
 from drift_lance.drift.prompts import DriftPrompts, load_prompts
 from drift_lance.drift.result import STAGES, SearchResult, to_jsonable
 from drift_lance.drift.state import QueryState
-from drift_lance.errors import ConfigError, checked_question
+from drift_lance.errors import ConfigError, StoreError, checked_question
 from drift_lance.models.base import (
     ChatModel,
     ChatParams,
@@ -92,6 +92,10 @@ class _Run:
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
     started: float = field(default_factory=time.perf_counter)
     graph: dict[str, Any] | None = None
+    # A follow-up's read failed: whether the store was checked for a missing file, and what it found.
+    store_check: asyncio.Lock = field(default_factory=asyncio.Lock)
+    store_checked: bool = False
+    unreadable: StoreError | None = None
 
     def action_graph(self) -> dict[str, Any]:
         """The action graph without contexts, serialized once: exploring has ended when it is asked
@@ -289,6 +293,8 @@ class DRIFTSearch:
         async with asyncio.TaskGroup() as group:
             for action, vector, extra in zip(batch, vectors, prepared, strict=True):
                 group.create_task(self._run_action(run, action, epoch, vector, extra))
+        if run.unreadable is not None:  # a file of the index is gone: the rest would fail the same way
+            raise run.unreadable
 
     async def _fail_unanswered(self, run: _Run, batch: list[DriftAction], epoch: int) -> None:
         budget = self.config.time_budget
@@ -385,7 +391,27 @@ class DRIFTSearch:
             self._count_failed_call(action, exc, llm_started)
             action.mark_failed(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
             log.warning("DRIFT action %r failed: %s", action.query, action.metadata["error"])
+            if not llm_started:
+                await self._check_store(run, exc)
         await emit(run.callbacks, "on_action_completed", action, epoch)
+
+    async def _check_store(self, run: _Run, exc: Exception) -> None:
+        """After a follow-up's context failed reading the index: whether a file of it is missing or
+        truncated (deleted or cut after the search opened it), once per query. Then the epoch ends
+        with that StoreError naming the table, instead of an answer from the primer alone that only
+        said it was degraded. A failure the check does not confirm (a timeout) leaves the query
+        degraded around that follow-up, as before."""
+        check = getattr(self.store, "unreadable_error", None)  # LanceDB stores; a test store has none
+        if check is None:
+            return
+        async with run.store_check:
+            if run.store_checked:
+                return
+            run.store_checked = True
+            try:
+                run.unreadable = await check(exc)
+            except Exception as failed:  # noqa: BLE001 - the check must not fail a query it would not
+                log.warning("DRIFT: checking the index after a failed follow-up failed: %s", failed)
 
     @staticmethod
     def _count_failed_call(action: DriftAction, exc: BaseException, llm_started: bool) -> None:
