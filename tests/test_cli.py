@@ -218,6 +218,34 @@ def test_query_on_a_database_missing_a_data_file_exits_2_naming_it_before_any_mo
         assert server.requests == []
 
 
+@pytest.mark.parametrize("shadow", ["ingest.py", "ingest/__init__.py"])
+def test_python_m_ingest_from_a_folder_with_its_own_ingest_module_uses_ours(dulce_dir, tmp_path, shadow):
+    """`python -m drift_lance ingest` puts the working directory first on sys.path: a user's own
+    `ingest.py` (or `ingest/` package) there was imported instead of ours, its code run, and the
+    command failed ("'ingest' is not a package", "module 'ingest' has no attribute 'ingest'")."""
+    project = tmp_path / "project"
+    (project / shadow).parent.mkdir(parents=True, exist_ok=True)
+    (project / shadow).write_text("raise SystemExit('the user ingest module was imported')\n")
+    proc = subprocess.run([sys.executable, "-m", "drift_lance", "ingest", str(dulce_dir), "--db", "db", "--no-progress"],
+                          capture_output=True, text=True, env=cli_env(PYTHONPATH=str(REPO)), cwd=project,
+                          timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert "generation 1" in proc.stdout and (project / "db" / "entities.lance").is_dir()
+
+
+def test_an_ingest_module_imported_before_ours_is_named(monkeypatch, tmp_path):
+    import types
+
+    from drift_lance._ingest_package import import_ingest
+    from drift_lance.errors import ConfigError
+
+    theirs = types.ModuleType("ingest")
+    theirs.__file__ = str(tmp_path / "ingest.py")
+    monkeypatch.setitem(sys.modules, "ingest", theirs)
+    with pytest.raises(ConfigError, match=rf"another module named 'ingest' is imported \({tmp_path / 'ingest.py'}\)"):
+        import_ingest()
+
+
 def test_a_closed_standard_output_is_refused_before_any_work(dulce_db_uri):
     """`drift-lance query ... >&-`: the result has nowhere to go, so say so before paying for a
     search (it used to end in an AttributeError traceback after the work)."""

@@ -144,7 +144,7 @@ async def run_demo(workdir: Path, query: str, *, reingest: bool, timings: DemoTi
 
 
 async def _ensure_index(workdir: Path, db: Path, embedder: Any, *, reingest: bool, timings: DemoTimings) -> None:
-    import ingest
+    from drift_lance._ingest_package import import_ingest
     from drift_lance._lance_store import open_store
     from drift_lance.errors import StoreError
     from drift_lance.sample import build_sample_index
@@ -164,7 +164,7 @@ async def _ensure_index(workdir: Path, db: Path, embedder: Any, *, reingest: boo
     _status(f"ingesting the sample index into {db} (embedding with {embedder.model_id})")
     started = time.perf_counter()
     marker.unlink(missing_ok=True)
-    await ingest.run_ingest(source, str(db), embedder=embedder, reembed=True, progress=sys.stderr.isatty())
+    await import_ingest().run_ingest(source, str(db), embedder=embedder, reembed=True, progress=sys.stderr.isatty())
     marker.write_text(digest + "\n")
     timings.record("ingest", started)
 

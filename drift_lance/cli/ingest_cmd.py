@@ -118,10 +118,12 @@ def parse_storage_options(pairs: list[str]) -> dict[str, str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import ingest
+    from drift_lance._ingest_package import import_ingest
     from drift_lance.config.settings import Settings
     from drift_lance.models import get_embedder
     from drift_lance.object_store import merge_storage_options
+
+    ingest = import_ingest()  # ours, not an ingest.py in the working directory (`python -m drift_lance`)
     from ingest.embeddings import LazyEmbedder
 
     # The settings file and environment, as `query` and `serve` read them: the same models section
