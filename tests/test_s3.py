@@ -412,6 +412,32 @@ def test_reload_is_behind_the_api_key(local_s3, clean_aws_env, dulce_s3_uri, gol
         assert ok.status_code == 200 and ok.json()["switched"] is False
 
 
+async def test_a_data_object_deleted_from_the_bucket_fails_the_drift_query_naming_the_table(local_s3, s3_uri, dulce_dir):
+    """Object storage is not checked at open (a request per file): a data object missing from the
+    bucket (a partial sync, a lifecycle rule) made every DRIFT follow-up fail and the answer come
+    from the primer alone. The first failure checks the store, and the query names the table."""
+    import boto3
+
+    import ingest
+    from drift_lance.drift import open_drift_search
+    from drift_lance.testing.s3 import ACCESS_KEY, REGION, SECRET_KEY
+
+    options = local_s3.storage_options()
+    await ingest.run_ingest(dulce_dir, s3_uri, storage_options=options, progress=False)
+    bucket, prefix = s3_uri.removeprefix("s3://").split("/", 1)
+    (key,) = local_s3.list_keys(bucket, f"{prefix}/text_units.lance/data/")
+    chat = scripted_drift_model()
+    search = await open_drift_search(s3_uri, chat_model=chat, embedder=HashEmbedder(DIM), storage_options=options,
+                                     config={"n_depth": 1, "drift_k_followups": 2, "primer_folds": 1})
+    try:
+        boto3.client("s3", endpoint_url=local_s3.upstream, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+                     region_name=REGION).delete_object(Bucket=bucket, Key=key)
+        with pytest.raises(StoreError, match=r"table 'text_units' at version \d+ cannot be read: .*[Nn]ot found"):
+            await search.search(QUERY)
+    finally:
+        await search.close()
+
+
 async def test_open_store_names_the_uri_when_nothing_was_ingested(local_s3, s3_uri):
     from drift_lance._lance_store import open_store
 
