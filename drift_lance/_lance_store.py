@@ -227,7 +227,7 @@ class LanceStore:
                     if not expected or size == expected:
                         continue
                     problem = f"is {size:,} bytes, not the {expected:,} that version wrote (truncated?)"
-                raise StoreError(f"{self.uri}: table {table!r} at version {version}: file {path} {problem}; the database "
+                raise StoreError(f"{self.uri}: table {table!r} at version {version} cannot be read: file {path} {problem}; the database "
                                  "folder is incomplete (a partial copy or sync, or a deleted file): copy it whole, or ingest again")
 
     # ------------------------------------------------------------------ search

@@ -330,7 +330,7 @@ async def test_a_data_file_deleted_after_open_fails_the_query_naming_the_table(d
                                        config={"seed": 1, "drift_k_followups": 2, "primer_folds": 1}) as search:
         (data_file,) = (copy / f"{table}.lance" / "data").iterdir()
         data_file.unlink()
-        with pytest.raises(StoreError, match=rf"table '{table}' at version \d+: file {data_file} is missing"):
+        with pytest.raises(StoreError, match=rf"table '{table}' at version \d+ cannot be read: file {data_file} is missing"):
             await search.search("Who leads the Dulce base?")
     assert stages(chat) == ["hyde", "primer"]
 
@@ -1055,7 +1055,7 @@ async def test_open_drift_search_refuses_a_missing_data_file_before_any_model_ca
     for data_file in (partial / "text_units.lance" / "data").iterdir():
         data_file.unlink()
     chat, embedder = ScriptedChatModel(drift_responder()), HashEmbedder(3072)
-    with pytest.raises(StoreError, match=r"table 'text_units' at version \d+: file .*text_units.lance/data/.* is missing"):
+    with pytest.raises(StoreError, match=r"table 'text_units' at version \d+ cannot be read: file .*text_units.lance/data/.* is missing"):
         await open_drift_search(partial, chat_model=chat, embedder=embedder)
     assert chat.calls == [] and embedder.calls == []
 

@@ -310,7 +310,7 @@ async def test_open_tables_refuses_a_missing_or_truncated_data_file_naming_table
         problem = rf"is {size // 2:,} bytes, not the {size:,} that version wrote \(truncated\?\)"
     store = await open_store(str(copy))
     try:
-        with pytest.raises(StoreError, match=rf"^{copy}: table '{table}' at version \d+: file {data_file} {problem}; the database folder is incomplete"):
+        with pytest.raises(StoreError, match=rf"^{copy}: table '{table}' at version \d+ cannot be read: file {data_file} {problem}; the database folder is incomplete"):
             await store.open_tables()
     finally:
         await store.close()
