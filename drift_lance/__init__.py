@@ -43,6 +43,7 @@ _EXPORTS = {
     "ConfigError": "drift_lance.errors",
     "IngestError": "drift_lance.errors",
     "StoreError": "drift_lance.errors",
+    "IndexUnreadableError": "drift_lance.errors",
     "EmbeddingMismatchError": "drift_lance.errors",
     "ModelError": "drift_lance.models.base",
 }

@@ -38,7 +38,7 @@ from drift_lance._exact import ExactMatrix
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
 from drift_lance.config.ingest import SearchTuning, StoreConfig
-from drift_lance.errors import ConfigError, DriftLanceError, StoreError
+from drift_lance.errors import ConfigError, DriftLanceError, IndexUnreadableError, StoreError
 from drift_lance.object_store import (
     check_not_a_file,
     connect_uri,
@@ -212,7 +212,7 @@ class LanceStore:
             dataset = await handle.to_lance()
             fragments = [fragment.metadata for fragment in dataset.get_fragments()]
         except Exception as exc:  # noqa: BLE001 - Lance reports a missing object as OSError, ValueError, ...
-            raise StoreError(f"{self.uri}: table {table!r} at version {version} cannot be read: {exc}") from exc
+            raise IndexUnreadableError(f"{self.uri}: table {table!r} at version {version} cannot be read: {exc}") from exc
         root = Path(dataset.uri)
         for fragment in fragments:
             files = [(root / "data" / f.path, f.file_size_bytes) for f in fragment.files if f.base_id is None]
@@ -227,7 +227,7 @@ class LanceStore:
                     if not expected or size == expected:
                         continue
                     problem = f"is {size:,} bytes, not the {expected:,} that version wrote (truncated?)"
-                raise StoreError(f"{self.uri}: table {table!r} at version {version} cannot be read: file {path} {problem}; the database "
+                raise IndexUnreadableError(f"{self.uri}: table {table!r} at version {version} cannot be read: file {path} {problem}; the database "
                                  "folder is incomplete (a partial copy or sync, or a deleted file): copy it whole, or ingest again")
 
     # ------------------------------------------------------------------ search
@@ -571,28 +571,31 @@ class LanceStore:
             dataset = await handle.to_lance()
             await asyncio.to_thread(_open_every_object, dataset)
         except Exception as exc:  # noqa: BLE001 - Lance reports a missing object as OSError, ValueError, ...
-            raise StoreError(f"{self.uri}: table {table!r} at version {version} cannot be read: {exc}") from exc
+            raise IndexUnreadableError(f"{self.uri}: table {table!r} at version {version} cannot be read: {exc}") from exc
 
     async def raise_if_unreadable(self, exc: BaseException) -> None:
-        """The StoreError naming the table, raised from `exc`, when `exc` (an error that is not ours)
-        came from a file of the pinned version that is missing: a partial copy of the database failed
-        as "RuntimeError: lance error: Not found: <file>, <a Rust source line>" (exit 1). Checks only
-        after a failure, so a search pays nothing for it; returns when every table reads whole."""
-        if isinstance(exc, DriftLanceError):
-            return
-        for table in self.manifest.tables:
-            try:
-                await self.check_readable(table)
-            except StoreError as unreadable:
-                raise unreadable from exc
+        """The IndexUnreadableError naming the table, raised from `exc`, when `exc` (an error that is
+        not ours) came from a file of the pinned version that is missing: a partial copy of the
+        database failed as "RuntimeError: lance error: Not found: <file>, <a Rust source line>" (exit
+        1). Checks only after a failure, so a search pays nothing for it; returns when every table
+        reads whole."""
+        unreadable = await self._first_unreadable_table(exc)
+        if unreadable is not None:
+            raise unreadable from exc
 
-    async def unreadable_error(self, exc: BaseException) -> StoreError | None:
-        """For a read that failed with `exc` (an error that is not ours) in a search that degrades
-        around it (a DRIFT follow-up): the StoreError naming the table when a file of the pinned
-        version is missing or truncated (`check_files_present` on a local database, then
-        `check_readable`). None when every table reads whole, and on object storage when the check
-        failed for another reason than a missing object (a timeout: maybe transient). Only after a
-        failure, so a search pays nothing for it."""
+    async def unreadable_error(self, exc: BaseException) -> IndexUnreadableError | None:
+        """For a read that failed with `exc` in a search that degrades around it (a DRIFT follow-up):
+        the error naming the table when a file of the pinned version is missing or truncated. None
+        when every table reads whole, and on object storage when the check failed for another reason
+        than a missing object (a timeout: maybe transient)."""
+        unreadable = await self._first_unreadable_table(exc)
+        if unreadable is None or self._local or "not found" in str(unreadable).lower():
+            return unreadable
+        return None
+
+    async def _first_unreadable_table(self, exc: BaseException) -> IndexUnreadableError | None:
+        """Checked only after `exc` (an error that is not ours), so a search pays nothing for it:
+        each table's files present at their recorded sizes (a local database), then readable."""
         if isinstance(exc, DriftLanceError):
             return None
         for table in self.manifest.tables:
@@ -600,8 +603,8 @@ class LanceStore:
                 if self._local:
                     await self.check_files_present(table)
                 await self.check_readable(table)
-            except StoreError as unreadable:
-                return unreadable if self._local or "not found" in str(unreadable).lower() else None
+            except IndexUnreadableError as unreadable:
+                return unreadable
         return None
 
     async def generations(self) -> list[int]:

@@ -27,6 +27,11 @@ class StoreError(DriftLanceError):
     mismatch); the message names the URI / table / column."""
 
 
+class IndexUnreadableError(StoreError):
+    """A file of the opened index is missing, truncated or cannot be read (a partial copy or sync, a
+    deleted file): the database's storage is at fault, not the request, so the service answers 503."""
+
+
 # Errors that are the user's to fix: the CLI exits 2 for these, the service answers 4xx.
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, EmbeddingMismatchError, StoreError)
 

@@ -1199,6 +1199,28 @@ def test_an_index_read_the_store_failed_is_503_not_a_bug(service_settings, live_
     assert "cargo" not in r.text
 
 
+def test_a_data_file_deleted_after_start_is_503_store_unavailable(dulce_db_uri, service_settings, live_server, tmp_path):
+    """A data file of the index deleted while the service runs (a sync or a hand cleanup): DRIFT's
+    first failed follow-up finds it and the search fails naming the table. That is the storage's
+    fault, not the request's: a retryable 503 `store_unavailable`, not 400 `bad_index`."""
+    import shutil
+
+    from drift_lance.service.engine import EngineBackend
+    from drift_lance.testing import HashEmbedder
+
+    copy = tmp_path / "db"
+    shutil.copytree(dulce_db_uri, copy)
+    settings = service_settings.with_updates({"db": str(copy)})
+    srv = live_server(create_app(settings, backend=EngineBackend(settings, chat_model=scripted_drift_model(),
+                                                                 embedder=HashEmbedder(3072))))
+    with srv.client() as client:
+        assert client.get("/readyz").status_code == 200
+        (data_file,) = (copy / "text_units.lance" / "data").iterdir()
+        data_file.unlink()
+        r = client.post("/v1/search", json={"query": "Who leads the Dulce base?"})
+    assert r.status_code == 503 and _error(r)["code"] == "store_unavailable" and r.headers["Retry-After"] == "5", r.text
+
+
 def test_model_failure_is_reported_not_500(service_settings, live_server, caplog):
     from drift_lance.models.base import ModelError
     from drift_lance.models.deadline import LLMTimeoutError

@@ -27,7 +27,7 @@ from drift_lance.config.local import LocalSearchConfig
 from drift_lance.config.service import RequestCaps
 from drift_lance.config.settings import Settings
 from drift_lance.drift.result import SearchResult
-from drift_lance.errors import USER_ERRORS, ConfigError, StoreError, first_cause
+from drift_lance.errors import USER_ERRORS, ConfigError, IndexUnreadableError, StoreError, first_cause
 from drift_lance.models.base import EmptyAnswerError, ModelError, ModelRequestError, StructuredOutputError
 from drift_lance.models.deadline import LLMTimeoutError
 from drift_lance.service.backend import Method, SearchBackend
@@ -624,7 +624,7 @@ def _map_search_error(exc: BaseException) -> ApiError:
     message = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, ConfigError):
         return ApiError(422, "invalid_config", message)
-    if isinstance(exc, USER_ERRORS):
+    if isinstance(exc, USER_ERRORS) and not isinstance(exc, IndexUnreadableError):
         return ApiError(400, "bad_index", message)
     if isinstance(exc, ModelError):
         # The full text can name the model's endpoint, quote its error body or its raw output: the
@@ -633,7 +633,9 @@ def _map_search_error(exc: BaseException) -> ApiError:
         return ApiError(502, "model_error", f"the model request failed ({_model_failure(exc)}); details are in the server log")
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return ApiError(504, "timeout", message)
-    if _is_store_io_failure(exc):  # the bucket or disk, not a bug: worth a retry, and said so
+    if isinstance(exc, IndexUnreadableError) or _is_store_io_failure(exc):
+        # the bucket or disk (a file gone or cut since the start: not the request, not a bug): worth
+        # a retry once it is restored, and said so
         log.warning("search failed reading the index: %s", message)
         return ApiError(503, "store_unavailable", "the index could not be read (object store or disk); details are in "
                         "the server log", headers={"Retry-After": "5"})
