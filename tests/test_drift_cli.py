@@ -312,6 +312,17 @@ def test_an_empty_reduce_answer_fails_the_query(server, dulce_db_uri, capsys, st
     assert "failed: EmptyAnswerError: DRIFT reduce: chat model 'gpt-4.1' returned an empty answer (nothing)" in captured.err
 
 
+@pytest.mark.parametrize("stream", [[], ["--stream"]], ids=["blocking", "streamed"])
+def test_an_empty_local_answer_fails_the_query(server, dulce_db_uri, capsys, stream):
+    """`--method local` printed a blank answer and its stage table, exit status 0."""
+    server.on_chat = lambda request: Reply(text="  \n")
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--method", "local", *stream]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.strip() == "" and "llm_calls" not in captured.out
+    assert ("failed: EmptyAnswerError: local search answer: chat model 'gpt-4.1' returned an empty answer "
+            "(only whitespace)") in captured.err
+
+
 def test_a_database_missing_a_table_is_refused_before_any_model_call(server, dulce_db_uri, tmp_path, capsys):
     """A copy of the database without its entities table answered exit 0 from the primer alone: every
     follow-up failed opening the table, after the HyDE and primer calls were paid for, and the answer

@@ -168,6 +168,28 @@ async def test_per_call_answer_settings_are_honoured(dulce_store, query_vector, 
     assert [call.messages[0].content.startswith("Mine. multiple paragraphs\n-----") for call in model.calls] == [True, True]
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["search", "stream_search"])
+@pytest.mark.parametrize("answer", ["", " \n\t "], ids=["empty", "whitespace"])
+async def test_an_empty_answer_fails_the_search(dulce_store, query_vector, answer, streamed):
+    """An answer of nothing or only whitespace was returned as the response (a blank CLI answer, exit
+    status 0; HTTP 200), where a DRIFT reduce answer so empty fails: it fails here too."""
+    from drift_lance.models import EmptyAnswerError
+
+    search = LocalSearch(ScriptedChatModel([answer]), LocalContextBuilder(dulce_store))
+    with pytest.raises(EmptyAnswerError) as info:
+        if streamed:
+            async with search.stream_search("Who runs it?", query_vector=query_vector) as stream:
+                async for _ in stream:
+                    pass
+        else:
+            await search.search("Who runs it?", query_vector=query_vector)
+    assert isinstance(info.value, ModelError)
+    said = "nothing" if not answer else "only whitespace"
+    assert str(info.value) == f"local search answer: chat model 'scripted' returned an empty answer ({said})"
+    assert info.value.usage.calls == 1 and info.value.usage.prompt_tokens > 0  # what the call cost
+    assert not streamed or stream.result is None
+
+
 @pytest.mark.parametrize("llm_timeout", [None, 60.0])
 async def test_the_models_own_timeout_is_reported_as_the_models(dulce_store, query_vector, llm_timeout):
     model = ScriptedChatModel([TimeoutError("read timed out"), TimeoutError("read timed out")])

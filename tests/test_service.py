@@ -366,8 +366,10 @@ def test_model_request_failures_do_not_show_the_endpoint_or_its_error_body(servi
     assert errors and set(errors) == {"ModelRequestError"}
 
 
-def test_an_empty_drift_answer_is_a_model_error(service_settings, live_server, caplog):
-    """An empty reduce answer was a 200 with response "" (and an SSE stream that ended as if answered)."""
+@pytest.mark.parametrize(("method", "what"), [("drift", "DRIFT reduce"), ("local", "local search answer")])
+def test_an_empty_answer_is_a_model_error(service_settings, live_server, caplog, method, what):
+    """An empty answer (DRIFT's reduce, local search's answer) was a 200 with response "" (and an SSE
+    stream that ended as if answered). The calls it cost count under stage "failed"."""
     from drift_lance.testing import ScriptedChatModel
 
     def answer(messages, params, response_model):
@@ -376,13 +378,17 @@ def test_an_empty_drift_answer_is_a_model_error(service_settings, live_server, c
 
     srv = start(live_server, service_settings, ScriptedChatModel(answer))
     with srv.client() as client, caplog.at_level(logging.WARNING):
-        failed = client.post("/v1/search", json={"query": "q", "method": "drift"})
-        with client.stream("POST", "/v1/search/stream", json={"query": "q", "method": "drift"}) as r:
+        before = scrape(client)
+        failed = client.post("/v1/search", json={"query": "q", "method": method})
+        with client.stream("POST", "/v1/search/stream", json={"query": "q", "method": method}) as r:
             events = read_sse(r)
+        after = scrape(client)
     assert failed.status_code == 502 and _error(failed)["code"] == "model_error"
     assert _error(failed)["message"] == "the model request failed (empty answer); details are in the server log"
     assert events[-1][0] == "error" and events[-1][1]["error"]["message"] == _error(failed)["message"]
-    assert "DRIFT reduce: chat model 'scripted' returned an empty answer" in caplog.text
+    assert f"{what}: chat model 'scripted' returned an empty answer" in caplog.text
+    assert moved(before, after, "drift_lance_searches_finished_total", method=method, outcome="model_error") == 2
+    assert moved(before, after, "drift_lance_llm_calls_total", method=method, stage="failed") >= 2
 
 
 @pytest.mark.parametrize(("failure", "said"), [("timeout", "timed out"), ("connection", "connection failed"),

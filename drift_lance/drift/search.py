@@ -40,11 +40,11 @@ from drift_lance.models.base import (
     ChatModel,
     ChatParams,
     Embedder,
-    EmptyAnswerError,
     GeneratorStream,
     Message,
     Usage,
     aclose_models,
+    check_answered,
     check_model_argument,
     fit_to_window,
 )
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 # Share of `time_budget` the follow-ups may use; the reduce call has the rest.
 FOLLOW_UP_SHARE = 0.75
+REDUCE = "DRIFT reduce"  # names the reduce call in its errors
 _NOTE_SEPARATOR = "\n\n"  # between the reduce's intermediate answers
 # Intermediate answers longer than this in all are counted for the reduce on a worker thread (the
 # tokenizer releases the GIL): five 10 MB answers cost 1.8 s of counting, the event loop held 2.5 s.
@@ -174,7 +175,7 @@ class DRIFTSearch:
         messages, params = await self._start_reduce(run)
         result = await run.chat.complete(messages, params=params)
         run.usage["reduce"] = run.usage["reduce"] + result.usage.of_one_call()
-        self._check_answered(result.text, result.usage)
+        check_answered(result.text, result.usage, what=REDUCE, model=self.chat_model)  # the reduce has no fallback
         await emit(run.callbacks, "on_reduce_end", result.text)
         return self._result(run, response=result.text)
 
@@ -194,15 +195,6 @@ class DRIFTSearch:
         finally:
             if self._owns_store:
                 await self.store.close()
-
-    def _check_answered(self, text: str, usage: Usage) -> None:
-        """An empty reduce answer is a failed reduce call, as an empty HyDE expansion or primer answer
-        is unusable: the reduce has no fallback, and a blank answer (exit status 0, HTTP 200) would
-        pass for one."""
-        if not text.strip():
-            model = getattr(self.chat_model, "model_id", None) or type(self.chat_model).__name__
-            raise EmptyAnswerError(f"DRIFT reduce: chat model {model!r} returned an empty answer "
-                                   f"({'nothing' if not text else 'only whitespace'})", usage=usage)
 
     def _raise_if_closed(self, exc: Exception) -> None:
         """A search that fails because `close()` shut its models meanwhile says so, instead of
@@ -511,7 +503,7 @@ class DriftStream(GeneratorStream):
             await stream.aclose()
         run.usage["reduce"] = run.usage["reduce"] + stream.usage.of_one_call()
         text = "".join(parts)
-        search._check_answered(text, stream.usage)  # an empty stream fails as an empty answer does
+        check_answered(text, stream.usage, what=REDUCE, model=search.chat_model)  # as the blocking answer is
         await emit(run.callbacks, "on_reduce_end", text)
         self.result = search._result(run, response=text)
 

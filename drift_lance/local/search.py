@@ -29,6 +29,7 @@ from drift_lance.models.base import (
     GeneratorStream,
     Message,
     Usage,
+    check_answered,
     check_model_argument,
     fit_to_window,
 )
@@ -39,6 +40,7 @@ __all__ = ["LocalSearch", "load_local_prompt"]
 
 PROMPT_FILE = "local_search_system_prompt.txt"
 _PLACEHOLDERS = frozenset({"context_data", "response_type"})
+ANSWER = "local search answer"  # names the answer call in its errors
 
 
 def load_local_prompt(path: str | Path | None = None) -> str:
@@ -138,13 +140,15 @@ class LocalSearch:
     ) -> SearchResult:
         """Build the context for `query` (mapped to entities by `query_vector`, else by the search's
         embedder) and answer it with one model call. `overrides`: LocalSearchConfig fields for this
-        call (`top_k_entities=5`, `llm_timeout=30`, ...); `conversation_history` opens the context."""
+        call (`top_k_entities=5`, `llm_timeout=30`, ...); `conversation_history` opens the context.
+        An empty or whitespace-only answer raises EmptyAnswerError (a ModelError)."""
         started = time.perf_counter()
         query = checked_question(query)
         config = self._answer_config(overrides, response_type)  # per-call llm_timeout / prompt / response_type are the answer's
         context = await self.build_context(query, query_vector=query_vector, conversation_history=conversation_history, **overrides)
         messages = self.messages(query, context, config=config)
         result = await within(self.model.complete(messages, params=self.params), config.llm_timeout, "local search answer")
+        check_answered(result.text, result.usage, what=ANSWER, model=self.model)
         return _result(result.text, context, result.usage, started)
 
     def stream_search(
@@ -157,7 +161,8 @@ class LocalSearch:
         **overrides: Any,
     ) -> LocalStream:
         """Answer text deltas; the stream's `result` is set once it is exhausted. The context is
-        built before the first delta; closing the stream early cancels the model call."""
+        built before the first delta; closing the stream early cancels the model call. An answer
+        that streamed nothing but whitespace raises EmptyAnswerError at its end (no `result`)."""
         return LocalStream(
             self, checked_question(query), query_vector=query_vector, conversation_history=conversation_history,
             overrides=overrides, config=self._answer_config(overrides, response_type),
@@ -197,7 +202,9 @@ class LocalStream(GeneratorStream):
                     yield delta
         finally:
             await stream.aclose()
-        self.result = _result("".join(parts), context, stream.usage, started)
+        text = "".join(parts)
+        check_answered(text, stream.usage, what=ANSWER, model=search.model)  # as the blocking answer is
+        self.result = _result(text, context, stream.usage, started)
 
 
 def _result(text: str, context: LocalContext, usage: Usage, started: float) -> SearchResult:

@@ -118,6 +118,16 @@ class EmptyAnswerError(ModelError):
         self.usage = usage or Usage()
 
 
+def check_answered(text: str, usage: Usage, *, what: str, model: object) -> None:
+    """EmptyAnswerError when a search's answer (`what`: "DRIFT reduce", "local search answer") is
+    empty or only whitespace, whatever the reason: the answer has no fallback, and a blank one (exit
+    status 0, HTTP 200) would pass for an answer. `usage` is what the call cost."""
+    if not text.strip():
+        name = getattr(model, "model_id", None) or type(model).__name__
+        raise EmptyAnswerError(f"{what}: chat model {name!r} returned an empty answer "
+                               f"({'nothing' if not text else 'only whitespace'})", usage=usage)
+
+
 def check_model_argument(model: object, argument: str, method: str, setting: str) -> None:
     """A model name where a model object goes (`chat_model="gpt-4o"`) would only fail at the first
     call, as an AttributeError: say at once how to name a model."""
