@@ -1632,3 +1632,40 @@ def test_metrics_count_the_model_calls_and_tokens_of_searches_that_failed(servic
                                "llm_prompt_tokens": model.usage.prompt_tokens - usage_before.prompt_tokens,
                                "llm_output_tokens": model.usage.output_tokens - usage_before.output_tokens}
             assert counted["llm_prompt_tokens"] > 0 and counted["llm_calls"] > 2
+
+
+@pytest.mark.parametrize(("method", "cause", "code"), [("local", "llm_timeout", "model_error"),
+                                                       ("local", "model_timeout", "model_error"),
+                                                       ("drift", "search_timeout", "timeout")])
+def test_metrics_count_a_call_cut_short_by_a_failed_search(service_settings, live_server, method, cause, code):
+    """A search that failed with its last call still running (cut by llm_timeout, or by the search
+    timeout's 504), or whose model raised a TimeoutError of its own, counted that call nowhere:
+    stage `failed` had one call fewer than the model got (a lone local answer: none at all). It is a
+    call without tokens, as a follow-up cut off by the time budget is in an answered search."""
+    from drift_lance.testing import ScriptedChatModel
+
+    async def answer(messages, params, response_model):
+        reply = drift_responder(messages, params, response_model)
+        if reply == REDUCE_ANSWER:  # the DRIFT reduce, local search's answer
+            if cause == "model_timeout":
+                raise TimeoutError("read timed out")
+            await asyncio.sleep(30)
+        return reply
+
+    model = ScriptedChatModel(answer, model_id="scripted")
+    timeouts = {"llm_timeout": 0.2 if cause == "llm_timeout" else None}
+    srv = start(live_server, service_settings.with_updates({
+        **{f"{section}.{name}": value for section in ("drift", "local") for name, value in timeouts.items()},
+        "service.search_timeout_seconds": 1 if cause == "search_timeout" else 60}), model)
+    with srv.client() as client:
+        for path in ("/v1/search", "/v1/search/stream"):
+            before, calls_before, usage_before = scrape(client), len(model.calls), model.usage
+            failed = client.post(path, json={"query": "Who restored the lighthouse?", "method": method})
+            after = scrape(client)
+            assert (failed.json() if path == "/v1/search" else read_sse(failed)[-1][1])["error"]["code"] == code
+            counted = {name: moved(before, after, f"drift_lance_{name}_total", method=method, stage="failed")
+                       for name in ("llm_calls", "llm_prompt_tokens", "llm_output_tokens")}
+            assert counted == {"llm_calls": len(model.calls) - calls_before,  # the call cut short too
+                               "llm_prompt_tokens": model.usage.prompt_tokens - usage_before.prompt_tokens,
+                               "llm_output_tokens": model.usage.output_tokens - usage_before.output_tokens}
+            assert counted["llm_calls"] >= 1

@@ -49,15 +49,21 @@ def model_failure_kind(exc: ModelError) -> str:
 
 
 class SearchUsage:
-    """The model calls one search has made so far, as each ends. A search that fails (a model
-    error, a timeout, a client that left) has no result to count its tokens from: these are what
-    it cost."""
+    """The model calls one search has made so far. A search that fails (a model error, a timeout, a
+    client that left) has no result to count its tokens from: these are what it cost. A call counts
+    from its start, so one still running when the search ends (cut short by the search's timeout or
+    its client leaving) is a call without tokens, as a follow-up the time budget cut off is in a
+    result; its tokens are added as it ends, and an answer from the response cache is no call."""
 
     def __init__(self) -> None:
         self.total = Usage()
 
-    def add(self, usage: Usage | None) -> None:
-        self.total = self.total + (usage or Usage()).of_one_call()
+    def started(self) -> None:
+        self.total = self.total + Usage(calls=1)
+
+    def ended(self, usage: Usage | None) -> None:
+        one = (usage or Usage()).of_one_call()
+        self.total = self.total + Usage(one.prompt_tokens, one.output_tokens, one.calls - 1, one.counted)
 
 
 _search_usage: ContextVar[SearchUsage | None] = ContextVar("drift_lance_search_usage", default=None)
@@ -70,15 +76,17 @@ async def tallied(search: Callable[[], Awaitable[SearchResult]], usage: SearchUs
     return await search()
 
 
-def _tally(usage: Usage | None) -> None:
+def _call_started() -> SearchUsage | None:
+    """The running search's tally (None outside a search), with the starting call counted."""
     if (tally := _search_usage.get()) is not None:
-        tally.add(usage)
+        tally.started()
+    return tally
 
 
 class CountedChat:
     """A chat model whose calls that fail for good (after the model's own retries) are counted by
-    kind, and whose calls' usage goes to the running search's `SearchUsage`. Everything else
-    (`model_id`, `n_ctx`, ...) is the model's."""
+    kind, and whose calls go to the running search's `SearchUsage`, however they end. Everything
+    else (`model_id`, `n_ctx`, ...) is the model's."""
 
     def __init__(self, model: ChatModel, failures: Counter):
         self._model = model  # not `model`: a model's own attribute of that name stays visible
@@ -87,18 +95,24 @@ class CountedChat:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def count(self, exc: ModelError) -> None:
-        self._failures.labels(model_failure_kind(exc)).inc()
-        _tally(getattr(exc, "usage", None))  # an unusable structured answer still cost its tokens
+    def count(self, exc: BaseException) -> None:
+        """A call that raised: a ModelError is a model failure (one cut by llm_timeout or by the
+        search's end is not)."""
+        if isinstance(exc, ModelError):
+            self._failures.labels(model_failure_kind(exc)).inc()
 
     async def complete(self, messages: Sequence[Message], *, params: ChatParams | None = None,
                        response_model: Any = None) -> ChatResult:
+        tally = _call_started()
         try:
             result = await self._model.complete(messages, params=params, response_model=response_model)
-        except ModelError as exc:
+        except BaseException as exc:
             self.count(exc)
+            if tally is not None:
+                tally.ended(getattr(exc, "usage", None))  # an unusable structured answer still cost its tokens
             raise
-        _tally(result.usage)
+        if tally is not None:
+            tally.ended(result.usage)
         return result
 
     def stream(self, messages: Sequence[Message], *, params: ChatParams | None = None) -> ChatStream:
@@ -112,16 +126,20 @@ class _CountedStream(GeneratorStream):
         self._inner = inner
 
     async def _run(self) -> AsyncIterator[str]:
+        tally = _call_started()
         try:
             async for delta in self._inner:
                 yield delta
-        except ModelError as exc:
+        except BaseException as exc:  # a stream closed or cancelled before its end too
             self._chat.count(exc)
+            if tally is not None:
+                tally.ended(getattr(exc, "usage", None))
             raise
         finally:
             await self._inner.aclose()
         self.usage = self._inner.usage
-        _tally(self.usage)
+        if tally is not None:
+            tally.ended(self.usage)
 
 
 class ServiceMetrics:
