@@ -384,6 +384,37 @@ async def test_a_stuck_follow_up_is_cut_off_by_the_time_budget_and_the_reduce_an
     assert "answer to P1-0" in reduce_prompt and stage_of(chat.calls[-1].messages, None) == "reduce"
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["search", "stream_search"])
+async def test_follow_ups_cut_off_while_waiting_for_a_slot_made_no_model_call(store, streamed):
+    """With `concurrency` 1, the follow-ups queued behind a stuck one were cut off by the time budget
+    before they reached the model, yet each was reported as an LLM call (action: 3 calls, the model
+    got 1). Only calls the model got count."""
+    base = drift_responder(children=3)
+    stuck: list[str] = []
+
+    async def respond(messages, params, response_model):
+        if response_model is ActionAnswer and not stuck:
+            stuck.append(messages[-1].content)
+            await asyncio.Event().wait()  # the first follow-up never answers; the rest wait for its slot
+        return base(messages, params, response_model)
+
+    chat = ScriptedChatModel(respond)
+    search = make_search(store, chat, drift_k_followups=3, primer_folds=2, n_depth=2, concurrency=1, time_budget=1.0)
+    async with asyncio.timeout(30):
+        if streamed:
+            stream = search.stream_search("Who leads the Dulce base?")
+            await stream.text()
+            result = stream.result
+        else:
+            result = await search.search("Who leads the Dulce base?")
+    assert stages(chat) == ["hyde", "primer", "primer", "action", "reduce"]
+    assert result.llm_calls_categories == {"build_context": 1, "primer": 2, "action": 1, "reduce": 1}
+    assert result.llm_calls == len(chat.calls) and result.failures_categories["action"] == 3  # all three cut off
+    nodes = {node["query"]: node for node in result.state["nodes"]}
+    assert {query: nodes[query]["metadata"]["llm_calls"] for query in nodes if nodes[query]["score"] == "-inf"} == {
+        query: int(query == stuck[0]) for query in nodes if nodes[query]["score"] == "-inf"}
+
+
 async def test_follow_ups_are_not_started_once_the_primer_used_their_time_budget(store):
     base = drift_responder()
 

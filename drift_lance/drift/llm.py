@@ -7,7 +7,7 @@ every follow-up action and the reduce, and cancelling the query cancels whatever
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
 from pydantic import BaseModel
@@ -30,8 +30,13 @@ class BoundedChat:
         *,
         params: ChatParams | None = None,
         response_model: type[BaseModel] | None = None,
+        on_call: Callable[[], None] | None = None,
     ) -> ChatResult:
+        """The model's answer. `on_call` is called once a slot is free, as the model is called: a call
+        cancelled while it waits for one never reached the model."""
         async with self._slots:
+            if on_call is not None:
+                on_call()
             call = self.model.complete(messages, params=params, response_model=response_model)
             return await within(call, self.timeout, "LLM call")
 

@@ -338,7 +338,12 @@ class DRIFTSearch:
         self, run: _Run, action: DriftAction, epoch: int, query_vector: Any = None, extra: dict[str, Any] | None = None
     ) -> None:
         """Local search for one follow-up. Never raises (except cancellation): failures mark the action."""
-        llm_started = False
+        llm_started = False  # the model was called: a follow-up cut off while waiting for a slot made no call
+
+        def call_started() -> None:
+            nonlocal llm_started
+            llm_started = True
+
         try:
             # a model with a small fixed window: each follow-up's context is built to fit it
             budget = {} if self._follow_up_budget is None else {"max_context_tokens": self._follow_up_budget}
@@ -367,9 +372,9 @@ class DRIFTSearch:
                 max_tokens=cfg.action_output_cap,
                 seed=cfg.seed,
             )
-            llm_started = True
             result = await run.chat.complete(
-                [Message("system", system), Message("user", action.query)], params=params, response_model=ActionAnswer
+                [Message("system", system), Message("user", action.query)], params=params, response_model=ActionAnswer,
+                on_call=call_started,
             )
             usage = result.usage.of_one_call()
             action.record_usage(llm_calls=usage.calls, prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
