@@ -498,6 +498,86 @@ async def test_streamed_and_blocking_reduce_match_and_tokens_add_up(store):
         assert all(result.prompt_tokens_categories[s] > 0 for s in ("build_context", "primer", "action", "reduce"))
 
 
+STAGE_OF_CALL = {"hyde": "build_context", "primer": "primer", "action": "action", "reduce": "reduce"}
+
+
+def model_side_counts(chat: ScriptedChatModel) -> dict[str, tuple[int, int, int]]:
+    """(calls, prompt tokens, output tokens) per stage, as the model was called and reported them."""
+    counts = dict.fromkeys(STAGE_OF_CALL.values(), (0, 0, 0))
+    for call in chat.calls:
+        stage = STAGE_OF_CALL[stage_of(call.messages, call.response_model)]
+        calls, prompt, output = counts[stage]
+        usage = call.usage
+        counts[stage] = (calls + 1, prompt + (usage.prompt_tokens if usage else 0), output + (usage.output_tokens if usage else 0))
+    return counts
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["search", "stream_search"])
+@pytest.mark.parametrize("failing", ["nothing", "hyde", "primer_fold", "follow_up_junk", "follow_up_raises"])
+async def test_each_stage_reports_the_calls_and_tokens_the_model_got_and_reported(store, failing, streamed):
+    """What a result says a query cost, per stage and in total, is what the chat model was called
+    with and reported, failed calls included (one that answered unusable JSON cost its tokens, one
+    that raised a call without tokens)."""
+    base = drift_responder(children=3)
+    folds, follow_ups = iter(range(100)), iter(range(100))
+
+    def respond(messages, params, response_model):
+        stage = stage_of(messages, response_model)
+        if stage == "hyde" and failing == "hyde":
+            raise RuntimeError("hyde broke")
+        if stage == "primer" and failing == "primer_fold" and next(folds) == 0:
+            return "not JSON"
+        if stage == "action" and next(follow_ups) == 0:
+            if failing == "follow_up_junk":
+                return "not JSON"
+            if failing == "follow_up_raises":
+                raise RuntimeError("follow-up broke")
+        return base(messages, params, response_model)
+
+    chat = ScriptedChatModel(respond)
+    search = make_search(store, chat, drift_k_followups=3, primer_folds=2, n_depth=2)
+    if streamed:
+        stream = search.stream_search("Who leads the Dulce base?")
+        await stream.text()
+        result = stream.result
+    else:
+        result = await search.search("Who leads the Dulce base?")
+    assert result.failures == (failing != "nothing")
+    reported = {stage: (result.llm_calls_categories[stage], result.prompt_tokens_categories[stage],
+                        result.output_tokens_categories[stage]) for stage in STAGE_OF_CALL.values()}
+    assert reported == model_side_counts(chat)
+    assert (result.llm_calls, result.prompt_tokens, result.output_tokens) == (
+        len(chat.calls), chat.usage.prompt_tokens, chat.usage.output_tokens)
+    assert all(result.prompt_tokens_categories[s] > 0 for s in ("primer", "action", "reduce"))
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["search", "stream_search"])
+async def test_a_query_answered_from_the_response_cache_reports_no_calls_or_tokens(store, tmp_path, streamed):
+    """README: a response cache hit costs no call and reports zero usage; a repeated query's result
+    says so in every stage."""
+    from drift_lance.models.cache import CachedChatModel
+
+    chat = ScriptedChatModel(drift_responder(children=3))
+    cached = CachedChatModel(chat, tmp_path)
+    results = []
+    for _ in range(2):
+        search = make_search(store, cached, drift_k_followups=2, primer_folds=2, n_depth=2)
+        if streamed:
+            stream = search.stream_search("Who leads the Dulce base?")
+            await stream.text()
+            results.append(stream.result)
+        else:
+            results.append(await search.search("Who leads the Dulce base?"))
+    first, repeated = results
+    assert first.llm_calls == len(chat.calls) == 8 and first.prompt_tokens == chat.usage.prompt_tokens
+    assert repeated.response == first.response
+    assert [n["query"] for n in repeated.state["nodes"]] == [n["query"] for n in first.state["nodes"]]
+    assert len(chat.calls) == 8  # every call of the repeat was a hit
+    for counts in (repeated.llm_calls_categories, repeated.prompt_tokens_categories, repeated.output_tokens_categories):
+        assert counts == dict.fromkeys(STAGE_OF_CALL.values(), 0)
+    assert (repeated.llm_calls, repeated.prompt_tokens, repeated.output_tokens) == (0, 0, 0)
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["search", "stream_search"])
 @pytest.mark.parametrize("answer", ["", " \n\t "], ids=["empty", "whitespace"])
 async def test_an_empty_reduce_answer_fails_the_search(store, answer, streamed):

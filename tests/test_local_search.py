@@ -169,6 +169,34 @@ async def test_per_call_answer_settings_are_honoured(dulce_store, query_vector, 
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["search", "stream_search"])
+async def test_the_result_reports_the_call_and_tokens_the_model_reported_and_none_for_a_cache_hit(
+        dulce_store, query_vector, tmp_path, streamed):
+    """The answer call as the model reported it (`response`; building the context calls no model);
+    the same question again, answered from the response cache, costs no call and reports no tokens."""
+    from drift_lance.models.cache import CachedChatModel
+
+    model = ScriptedChatModel(default=ANSWER)
+    search = LocalSearch(CachedChatModel(model, tmp_path), LocalContextBuilder(dulce_store))
+    results = []
+    for _ in range(2):
+        if streamed:
+            stream = search.stream_search("Who runs it?", query_vector=query_vector)
+            assert await stream.text() == ANSWER
+            results.append(stream.result)
+        else:
+            results.append(await search.search("Who runs it?", query_vector=query_vector))
+    (call,) = model.calls
+    first, repeated = results
+    assert (first.llm_calls_categories, first.prompt_tokens_categories, first.output_tokens_categories) == (
+        {"build_context": 0, "response": 1}, {"build_context": 0, "response": call.usage.prompt_tokens},
+        {"build_context": 0, "response": call.usage.output_tokens})
+    assert (first.llm_calls, first.prompt_tokens, first.output_tokens) == (1, call.usage.prompt_tokens, call.usage.output_tokens)
+    assert repeated.response == ANSWER
+    assert (repeated.llm_calls, repeated.prompt_tokens, repeated.output_tokens) == (0, 0, 0)
+    assert repeated.llm_calls_categories == repeated.prompt_tokens_categories == {"build_context": 0, "response": 0}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["search", "stream_search"])
 @pytest.mark.parametrize("answer", ["", " \n\t "], ids=["empty", "whitespace"])
 async def test_an_empty_answer_fails_the_search(dulce_store, query_vector, answer, streamed):
     """An answer of nothing or only whitespace was returned as the response (a blank CLI answer, exit

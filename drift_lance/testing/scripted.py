@@ -3,7 +3,7 @@
     model = ScriptedChatModel(['{"answer": "x"}', "plain text", TimeoutError("boom")])
     model = ScriptedChatModel(lambda messages, params, response_model: {"score": 50}, delay=0.01)
     result = await model.complete([Message("user", "hi")])
-    model.calls[0].messages, model.max_in_flight
+    model.calls[0].messages, model.calls[0].usage, model.max_in_flight
 
 Responses are str (the answer text), dict / list / pydantic model (serialised to JSON), or an
 Exception instance (raised from the call). A function may also be async.
@@ -54,6 +54,7 @@ class RecordedCall:
     started_at: float  # time.monotonic()
     finished_at: float | None = None
     text: str | None = None  # the answer given (None if the call raised)
+    usage: Usage | None = None  # the usage the call reported (also an unusable structured answer's); None if it raised
 
     @property
     def prompt(self) -> str:
@@ -112,7 +113,7 @@ class ScriptedChatModel:
             text = await self._answer(call)
         finally:
             self._leave(call)
-        usage = self._usage(call.messages, text)
+        usage = self._usage(call, text)
         parsed = parse_structured(text, response_model, usage=usage) if response_model else None
         return ChatResult(text=text, usage=usage, parsed=parsed, model=self.model_id)
 
@@ -152,9 +153,9 @@ class ScriptedChatModel:
         call.text = text
         return text
 
-    def _usage(self, messages: Sequence[Message], text: str) -> Usage:
-        prompt = sum(self._tokenizer.count(m.content) for m in messages)
-        usage = Usage(prompt, self._tokenizer.count(text), 1, counted=True)
+    def _usage(self, call: RecordedCall, text: str) -> Usage:
+        prompt = sum(self._tokenizer.count(m.content) for m in call.messages)
+        usage = call.usage = Usage(prompt, self._tokenizer.count(text), 1, counted=True)
         self.usage = self.usage + usage
         return usage
 
@@ -179,7 +180,7 @@ class ScriptedStream(GeneratorStream):
                 await asyncio.sleep(0)  # let other tasks run between deltas, like a real stream
         finally:
             model._leave(self._call)
-        self.usage = model._usage(self._call.messages, text)
+        self.usage = model._usage(self._call, text)
 
 
 def split_deltas(text: str) -> list[str]:
