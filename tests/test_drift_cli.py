@@ -323,6 +323,22 @@ def test_an_empty_local_answer_fails_the_query(server, dulce_db_uri, capsys, str
             "(only whitespace)") in captured.err
 
 
+def test_a_call_the_client_retried_counts_once_with_its_answers_tokens(server, dulce_db_uri, capsys, monkeypatch):
+    """The stage counts are model calls, not HTTP attempts: a 500 then an answer is one call, with
+    the tokens the server reported for the answer."""
+    monkeypatch.setenv("DRIFT_LANCE_MAX_RETRIES", "2")
+    monkeypatch.setenv("DRIFT_LANCE_RETRY_BASE_WAIT", "0")
+    answer = "local answer from the tables"
+    server.queue_chat(Reply.server_error(500), Reply(text=answer))
+    assert main(["query", QUERY, "--db", dulce_db_uri, "--method", "local", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    first, answered = server.chat_requests
+    usage = server._usage(answered, answer)
+    assert result["response"] == answer
+    assert result["llm_calls_categories"] == {"build_context": 0, "response": 1} and result["llm_calls"] == 1
+    assert (result["prompt_tokens"], result["output_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
+
+
 def test_a_database_missing_a_table_is_refused_before_any_model_call(server, dulce_db_uri, tmp_path, capsys):
     """A copy of the database without its entities table answered exit 0 from the primer alone: every
     follow-up failed opening the table, after the HyDE and primer calls were paid for, and the answer
