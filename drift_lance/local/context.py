@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from drift_lance import schema
 from drift_lance._arguments import check_open_store, one_vector
-from drift_lance._positions import positions_by_value, positions_of, rows_at
+from drift_lance._positions import ColumnLists, positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
 from drift_lance.config.local import LocalSearchConfig
 from drift_lance.errors import ConfigError, EmbeddingMismatchError, StoreError, did_you_mean
@@ -86,6 +86,9 @@ _CLAIM_COLUMNS = ["human_readable_id", "subject_id", *CLAIM_ATTRIBUTES]
 # Fetched for every candidate unit (ranking); the text itself only for the units that may fit.
 _UNIT_RANKING_COLUMNS = ["id", "human_readable_id", "n_tokens", "relationship_ids"]
 _UNIT_FETCH_SLACK = 2  # extra units fetched beyond the n_tokens estimate, to avoid a second trip
+_RELATIONSHIP_ROW_COLUMNS = ("human_readable_id", "source", "target", "description", "weight")  # what a row prints
+# What a build reads of its selected entities (_ENTITY_COLUMNS plus the membership selection adds).
+_SELECTED_COLUMNS = ["id", "human_readable_id", "title", "description", "degree", "text_unit_ids", "membership"]
 
 
 @dataclass
@@ -154,8 +157,10 @@ class CandidateRows:
         self.keys = {lookup: set(values) for lookup, values in (keys or {}).items()}  # what was looked up
         self._positions: dict[tuple[str, str], dict[Any, list[int]]] = {}
         self._narrowed: dict[tuple[str, str, tuple[str, ...]], pl.DataFrame] = {}  # column subsets asked for
+        self._lists: dict[tuple[str, str], ColumnLists] = {}  # each frame's columns as lists, for `pick`
         # Per column list: relationships by source and by target merged, with positions by end.
         self._merged: dict[tuple[str, ...], tuple[pl.DataFrame, dict[Any, list[int]], dict[Any, list[int]]]] = {}
+        self._merged_lists: dict[tuple[str, ...], ColumnLists] = {}
 
     def _covers(self, table: str, key: str, values: Sequence[Any], columns: Sequence[str] | None) -> bool:
         frame = self.frames.get((table, key))
@@ -169,21 +174,49 @@ class CandidateRows:
     async def fetch(self, table: str, key: str, values: Sequence[Any], *, columns: Sequence[str] | None = None) -> pl.DataFrame:
         if not self._covers(table, key, values, columns):
             return await self.store.fetch(table, key, values, columns=columns)
-        frame = self.frames[(table, key)]
-        positions = self._positions.get((table, key))
-        if positions is None:  # once per lookup kind: later builds pick rows by position
-            positions = self._positions[(table, key)] = positions_by_value(frame[key].to_list())
-        picked = positions_of(positions, values)
+        picked = self._picked(table, key, values)
         narrowed = self._narrowed.get((table, key, tuple(columns)))
         if narrowed is None:
-            narrowed = self._narrowed[(table, key, tuple(columns))] = frame.select(list(columns))
+            narrowed = self._narrowed[(table, key, tuple(columns))] = self.frames[(table, key)].select(list(columns))
         return rows_at(narrowed, picked)
+
+    def pick(self, table: str, key: str, values: Sequence[Any], columns: Sequence[str]) -> ColumnLists | None:
+        """The rows `fetch` would return, as column lists (what a build reads); None when the
+        prefetch did not cover them."""
+        if not self._covers(table, key, values, columns):
+            return None
+        lists = self._lists.get((table, key))
+        if lists is None:  # once per lookup kind
+            lists = self._lists[(table, key)] = ColumnLists.of(self.frames[(table, key)])
+        return lists.pick(self._picked(table, key, values), columns)
+
+    def _picked(self, table: str, key: str, values: Sequence[Any]) -> list[int]:
+        positions = self._positions.get((table, key))
+        if positions is None:  # once per lookup kind: later builds pick rows by position
+            positions = self._positions[(table, key)] = positions_by_value(self.frames[(table, key)][key].to_list())
+        return positions_of(positions, values)
 
     def relationships_touching(self, titles: Sequence[str], columns: Sequence[str]) -> pl.DataFrame | None:
         """Relationships whose source or target is in `titles`, each once, by human_readable_id: what
         a build gets from its by-source and by-target lookups concatenated, first row per id kept and
         sorted, picked out of one frame merged once for the prefetch. None when the prefetch did not
         cover these titles or columns."""
+        touching = self._touching(titles, columns)
+        return None if touching is None else rows_at(*touching)
+
+    def relationship_lists(self, titles: Sequence[str], columns: Sequence[str]) -> ColumnLists | None:
+        """`relationships_touching` as column lists."""
+        touching = self._touching(titles, columns)
+        if touching is None:
+            return None
+        frame, picked = touching
+        lists = self._merged_lists.get(tuple(columns))
+        if lists is None:
+            lists = self._merged_lists[tuple(columns)] = ColumnLists.of(frame)
+        return lists.pick(picked)
+
+    def _touching(self, titles: Sequence[str], columns: Sequence[str]) -> tuple[pl.DataFrame, list[int]] | None:
+        """The merged frame for `columns` and the positions of its rows touching `titles`."""
         rel = schema.RELATIONSHIPS
         if not (self._covers(rel, "source", titles, columns) and self._covers(rel, "target", titles, columns)):
             return None
@@ -199,8 +232,7 @@ class CandidateRows:
             )
         frame, by_source, by_target = merged
         # The merged frame is in human_readable_id order, so ascending positions keep that order.
-        picked = sorted(set(positions_of(by_source, titles)).union(positions_of(by_target, titles)))
-        return rows_at(frame, picked)
+        return frame, sorted(set(positions_of(by_source, titles)).union(positions_of(by_target, titles)))
 
 
 class LocalContextBuilder:
@@ -277,11 +309,11 @@ class LocalContextBuilder:
             # graphrag maps the query plus the previous user questions to entities.
             recent = history.recent_user_questions(cfg.conversation_history_max_turns)
             mapping_text = f"{query}\n" + "\n".join(recent)
-        if selected_entities is not None and not history:
-            selected = selected_entities
-        else:
+        if selected_entities is None or history:
             vector = await self._query_vector(mapping_text, query_vector, embedder)
-            selected = await self._select_entities(mapping_text, vector, cfg)
+            selected_entities = await self._select_entities(mapping_text, vector, cfg)
+        # The columns the sections read, each converted once (several sections read the same ones).
+        selected = ColumnLists.of(selected_entities, _SELECTED_COLUMNS)
 
         parts: list[str] = []
         budget = cfg.max_context_tokens
@@ -321,7 +353,7 @@ class LocalContextBuilder:
         return LocalContext(
             context_text="\n\n".join(parts),
             records=SectionRecords({name: records[name] for name in SECTIONS}),
-            selected_entity_ids=selected["id"].to_list(),
+            selected_entity_ids=selected["id"],
             tokenizer=tokenizer,
         )
 
@@ -409,14 +441,15 @@ class LocalContextBuilder:
         )
 
     def _candidate_lookups(
-        self, selected: pl.DataFrame, cfg: LocalSearchConfig, *, unit_columns: list[str] = _UNIT_RANKING_COLUMNS
+        self, selected: pl.DataFrame | ColumnLists, cfg: LocalSearchConfig, *, unit_columns: list[str] = _UNIT_RANKING_COLUMNS
     ) -> list[tuple[str, str, list[Any], list[str]]]:
         """(table, key, values, columns) of the lookups for the selected entities' candidate rows:
         reports by community, relationships by source and by target title, claims by subject,
         text units by id."""
-        titles = list(dict.fromkeys(selected["title"].to_list()))
-        communities = sorted({c for members in selected["membership"].to_list() for c in members})
-        unit_ids = list(dict.fromkeys(chain.from_iterable(u or () for u in selected["text_unit_ids"].to_list())))
+        selected = ColumnLists.of(selected, ["title", "membership", "text_unit_ids"])
+        titles = list(dict.fromkeys(selected["title"]))
+        communities = sorted({c for members in selected["membership"] for c in members})
+        unit_ids = list(dict.fromkeys(chain.from_iterable(u or () for u in selected["text_unit_ids"])))
         claims_active = cfg.include_claims and self.store.has_table(schema.COVARIATES)
         return [
             (schema.COMMUNITY_REPORTS, "community", communities, ["community", "level", "rank", "title", _report_content(cfg)]),
@@ -431,25 +464,33 @@ class LocalContextBuilder:
             return pl.DataFrame()
         return await rows.fetch(table, key, values, columns=columns)
 
-    async def _fetch_candidates(self, selected: pl.DataFrame, cfg: LocalSearchConfig, rows: RowSource) -> dict[str, pl.DataFrame]:
+    async def _lookup_lists(self, rows: RowSource, table: str, key: str, values: list[Any], columns: list[str]) -> ColumnLists:
+        """`_lookup` as column lists: picked straight from prefetched rows when they cover it."""
+        picked = rows.pick(table, key, values, columns) if values and isinstance(rows, CandidateRows) else None
+        return picked if picked is not None else ColumnLists.of(await self._lookup(rows, table, key, values, columns))
+
+    async def _fetch_candidates(self, selected: ColumnLists, cfg: LocalSearchConfig, rows: RowSource) -> dict[str, ColumnLists]:
         """Every candidate row the sections rank, in one round of key lookups (concurrent when they
-        go to the store). Reports are not yet filtered by level (the ranking does it)."""
+        go to the store), as column lists. Reports are not yet filtered by level (the ranking does it)."""
         reports_lookup, by_source_lookup, by_target_lookup, claims_lookup, units_lookup = self._candidate_lookups(selected, cfg)
-        prefetched = isinstance(rows, CandidateRows)
         relationships = None
-        if prefetched:  # merged once per prefetch: one pick instead of two picks, concat, unique, sort
+        if isinstance(rows, CandidateRows):
+            # Picks from memory: awaited in turn, no task per lookup (~0.4 ms per build with tasks);
+            # relationships out of the by-source and by-target rows merged once per prefetch.
+            reports, units = [await self._lookup_lists(rows, *lookup) for lookup in (reports_lookup, units_lookup)]
+            claims = await self._lookup(rows, *claims_lookup)
             _, _, titles, columns = by_source_lookup
-            relationships = rows.relationships_touching(titles, columns)
-        relationship_lookups = [by_source_lookup, by_target_lookup] if relationships is None else []
-        lookups = (self._lookup(rows, *lookup) for lookup in (reports_lookup, claims_lookup, units_lookup, *relationship_lookups))
-        if prefetched:
-            # Picks from memory: awaited in turn, no task per lookup (~0.4 ms per build with tasks).
-            reports, claims, units, *by_end = [await lookup for lookup in lookups]
+            relationships = rows.relationship_lists(titles, columns)
+            by_end = []
+            if relationships is None:  # titles or columns the prefetch did not cover
+                by_end = [await self._lookup(rows, *lookup) for lookup in (by_source_lookup, by_target_lookup)]
         else:
-            reports, claims, units, *by_end = await asyncio.gather(*lookups)
+            lookups = (reports_lookup, claims_lookup, units_lookup, by_source_lookup, by_target_lookup)
+            reports_rows, claims, units_rows, *by_end = await asyncio.gather(*(self._lookup(rows, *lookup) for lookup in lookups))
+            reports, units = ColumnLists.of(reports_rows), ColumnLists.of(units_rows)
         if relationships is None:
             found = [frame for frame in by_end if len(frame)]
-            relationships = (
+            relationships = ColumnLists.of(
                 pl.concat(found, how="vertical_relaxed").unique("id", keep="first").sort("human_readable_id")
                 if found
                 else _empty_relationships()
@@ -457,14 +498,14 @@ class LocalContextBuilder:
         return {
             "reports": reports,
             "relationships": relationships,
-            "claims": claims.sort("human_readable_id") if len(claims) else claims,
+            "claims": ColumnLists.of(claims.sort("human_readable_id") if len(claims) else claims),
             "units": units,
         }
 
     # ------------------------------------------------------------------ sections
 
     def _reports_section(
-        self, selected: pl.DataFrame, fetched: dict[str, pl.DataFrame], cfg: LocalSearchConfig, counter: TokenCounter, budget: int
+        self, selected: ColumnLists, fetched: dict[str, ColumnLists], cfg: LocalSearchConfig, counter: TokenCounter, budget: int
     ) -> RenderedSection:
         header = ["id", "title", "summary" if cfg.use_community_summary else "content"]
         if cfg.include_community_rank:
@@ -474,7 +515,7 @@ class LocalContextBuilder:
         reports = fetched["reports"]
         ranked = (
             rank_reports(
-                selected["membership"].to_list(), reports, min_rank=cfg.min_community_rank, max_level=cfg.community_level
+                selected["membership"], reports, min_rank=cfg.min_community_rank, max_level=cfg.community_level
             )
             if len(reports)
             else []
@@ -499,7 +540,7 @@ class LocalContextBuilder:
         return section
 
     def _local_block(
-        self, selected: pl.DataFrame, fetched: dict[str, pl.DataFrame], cfg: LocalSearchConfig, counter: TokenCounter, budget: int
+        self, selected: ColumnLists, fetched: dict[str, ColumnLists], cfg: LocalSearchConfig, counter: TokenCounter, budget: int
     ) -> tuple[str, dict[str, RenderedSection]]:
         """Entities, then relationships and claims grown one selected entity at a time until the
         block would exceed `budget` (the last state that fits is kept)."""
@@ -522,7 +563,7 @@ class LocalContextBuilder:
         if bare_entities and entities.tokens >= budget:
             return "", empty  # not even a relationship or claim row can fit beside the header
 
-        titles = selected["title"].to_list()
+        titles = selected["title"]
         claims_active = cfg.include_claims and self.store.has_table(schema.COVARIATES)
         claims_by_subject = _group_claims(fetched["claims"]) if claims_active else {}
         any_claims = claims_active and self._table_rows(schema.COVARIATES) > 0
@@ -536,7 +577,7 @@ class LocalContextBuilder:
         )
 
         # Row tuples once: each step re-renders a prefix of them.
-        relationship_rows = relationships[["human_readable_id", "source", "target", "description", "weight"]].rows()
+        relationship_rows = list(zip(*(relationships[name] for name in _RELATIONSHIP_ROW_COLUMNS)))
         kept_parts: list[str] = []
         kept: dict[str, RenderedSection] = {}
         for index in range(len(titles)):
@@ -611,8 +652,8 @@ class LocalContextBuilder:
 
     async def _sources_section(
         self,
-        selected: pl.DataFrame,
-        fetched: dict[str, pl.DataFrame],
+        selected: ColumnLists,
+        fetched: dict[str, ColumnLists],
         cfg: LocalSearchConfig,
         counter: TokenCounter,
         budget: int,
@@ -622,25 +663,20 @@ class LocalContextBuilder:
         units = fetched["units"]
         if len(selected) == 0 or len(units) == 0:
             return RenderedSection("", header)
-        ranked = rank_text_units(
-            selected["text_unit_ids"].to_list(),
-            selected["title"].to_list(),
-            units,
-            fetched["relationships"],
-        )
+        ranked = rank_text_units(selected["text_unit_ids"], selected["title"], units, fetched["relationships"])
         if not ranked:
             return RenderedSection("", header)
-        unit_ids = units["id"].to_list()
-        short_ids = dict(zip(unit_ids, units["human_readable_id"].to_list()))
-        estimates = dict(zip(unit_ids, units["n_tokens"].to_list()))  # None counts as 0
+        unit_ids = units["id"]
+        short_ids = dict(zip(unit_ids, units["human_readable_id"]))
+        estimates = dict(zip(unit_ids, units["n_tokens"]))  # None counts as 0
         texts: dict[str, str] = {}
         fetch_upto = _estimated_fit(ranked, estimates, budget)
         delimiter = _sources_delimiter(cfg)
         while True:
             missing = [u for u in ranked[:fetch_upto] if u not in texts]
             if missing:
-                rows = await rows_source.fetch(schema.TEXT_UNITS, "id", missing, columns=["id", "text"])
-                texts.update(zip(rows["id"].to_list(), rows["text"].to_list()))
+                rows = await self._lookup_lists(rows_source, schema.TEXT_UNITS, "id", missing, ["id", "text"])
+                texts.update(zip(rows["id"], rows["text"]))
             section = render_table_section(
                 "Sources",
                 header,
@@ -748,24 +784,24 @@ def _in_key_order(frame: pl.DataFrame, key: str, keys: Sequence[Any]) -> pl.Data
     return frame.with_columns(pl.col(key).replace_strict(position, return_dtype=pl.Int64).alias("_pos")).sort("_pos").drop("_pos")
 
 
-def _entity_rows(selected: pl.DataFrame, cfg: LocalSearchConfig) -> Iterator[list[str]]:
-    # Column lists, not iter_rows: that reads the frame's dtypes, and parsing the nested ones cost
-    # ~0.1 ms per build.
+def _entity_rows(selected: ColumnLists, cfg: LocalSearchConfig) -> Iterator[list[str]]:
     names = ["human_readable_id", "title", "description"] + (["degree"] if cfg.include_entity_rank else [])
-    for hrid, title, description, *degree in zip(*(selected[name].to_list() for name in names)):
+    for hrid, title, description, *degree in zip(*(selected[name] for name in names)):
         row = [_short_id(hrid), title, _text(description)]
         if degree:
             row.append(str(degree[0]))  # graphrag prints the rank as is ("None" when missing)
         yield row
 
 
-def _group_claims(claims: pl.DataFrame) -> dict[str, list[list[str]]]:
+def _group_claims(claims: ColumnLists) -> dict[str, list[list[str]]]:
     """Claim rows per subject title, in table order."""
     grouped: dict[str, list[list[str]]] = {}
-    for claim in claims.iter_rows(named=True):
-        row = [_short_id(claim["human_readable_id"]), claim["subject_id"]]
-        row += [str(claim[name]) if claim[name] else "" for name in CLAIM_ATTRIBUTES]
-        grouped.setdefault(claim["subject_id"], []).append(row)
+    if not len(claims):  # no lookup: no columns either
+        return grouped
+    columns = zip(*(claims[name] for name in ("human_readable_id", "subject_id", *CLAIM_ATTRIBUTES)))
+    for hrid, subject, *attributes in columns:
+        row = [_short_id(hrid), subject, *(str(value) if value else "" for value in attributes)]
+        grouped.setdefault(subject, []).append(row)
     return grouped
 
 

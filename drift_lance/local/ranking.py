@@ -1,7 +1,7 @@
 """Which records each section offers, in which order: graphrag 3.x's ranking rules on fetched rows.
 
-All functions are pure (Polars / numpy in, ordered rows out) so they can be tested on hand-made
-tables. Input order ties are broken by `human_readable_id`, which is the row order of graphrag's
+All functions are pure (Polars frames or column lists / numpy in, ordered rows out) so they can be
+tested on hand-made tables. Input order ties are broken by `human_readable_id`, which is the row order of graphrag's
 parquet files (graphrag keeps its in-memory lists in that order). One exception lives in the
 builder: an empty query's top-degree entities break ties by `id`, as graphrag's entity reader
 groups them by id.
@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
+from drift_lance._positions import ColumnLists
 
 __all__ = [
     "RelationshipSteps",
@@ -35,7 +37,11 @@ def membership_order(community_ids: Sequence[int]) -> list[int]:
 
 
 def rank_reports(
-    selected_memberships: Sequence[Sequence[int]], reports: pl.DataFrame, *, min_rank: float, max_level: int | None = None
+    selected_memberships: Sequence[Sequence[int]],
+    reports: pl.DataFrame | ColumnLists,
+    *,
+    min_rank: float,
+    max_level: int | None = None,
 ) -> list[dict[str, Any]]:
     """The reports of the selected entities' communities, as row dicts: ordered by how many selected
     entities belong to the community, then report rank (both descending; ties keep the order in which
@@ -49,13 +55,18 @@ def rank_reports(
         for community in membership_order(memberships):
             matches[community] = matches.get(community, 0) + 1
     first_seen = {community: position for position, community in enumerate(matches)}
+    columns = ColumnLists.of(reports)
+    names = list(columns.lists)
+    levels = columns["level"] if max_level is not None else [None] * len(columns)
     kept = [
-        report
-        for report in reports.iter_rows(named=True)
-        if report["community"] in matches
-        and report["rank"] is not None
-        and report["rank"] >= min_rank
-        and (max_level is None or (report["level"] is not None and report["level"] <= max_level))
+        dict(zip(names, values))
+        for values, community, rank, level in zip(
+            zip(*columns.lists.values()), columns["community"], columns["rank"], levels
+        )
+        if community in matches
+        and rank is not None
+        and rank >= min_rank
+        and (max_level is None or (level is not None and level <= max_level))
     ]
     kept.sort(key=lambda r: (-matches[r["community"]], -r["rank"], first_seen[r["community"]]))
     return kept
@@ -82,7 +93,7 @@ class RelationshipSteps:
 
     def __init__(
         self,
-        candidates: pl.DataFrame,
+        candidates: pl.DataFrame | ColumnLists,
         selected_titles: Sequence[str],
         *,
         ranking: str,
@@ -92,26 +103,26 @@ class RelationshipSteps:
         first_step: dict[str, int] = {}
         for step, title in enumerate(selected_titles):
             first_step.setdefault(title, step)
-        self.frame = candidates
+        candidates = ColumnLists.of(candidates)
+        self._ids = candidates["id"]
         self.top_k = top_k
         self.n_selected = 0
-        sources = candidates["source"].to_list()
-        targets = candidates["target"].to_list()
+        sources = candidates["source"]
+        targets = candidates["target"]
         self._source_step = np.array([first_step.get(s, NOT_SELECTED) for s in sources], dtype=np.int64)
         self._target_step = np.array([first_step.get(t, NOT_SELECTED) for t in targets], dtype=np.int64)
         column = "combined_degree" if ranking == "rank" else "weight"
-        self._rank = candidates[column].cast(pl.Float64).fill_null(0.0).to_numpy()
+        # As Polars' cast to Float64 and fill_null(0.0) give it.
+        self._rank = np.array([0.0 if value is None else float(value) for value in candidates[column]], dtype=np.float64)
         self._input_order = np.arange(len(candidates))
         self._source_codes, self._target_codes = _name_codes(sources, targets)
         self.links = np.zeros(len(candidates), dtype=np.int64)
         if links_memory:
-            ids = candidates["id"].to_list()
-            self.links[:] = [links_memory.get(rel_id, 0) for rel_id in ids]
+            self.links[:] = [links_memory.get(rel_id, 0) for rel_id in self._ids]
 
     def links_state(self) -> dict[str, int]:
         """{relationship id: links} for every candidate that carries the attribute."""
-        ids = self.frame["id"].to_list()
-        return {ids[i]: int(self.links[i]) for i in np.flatnonzero(self.links)}
+        return {self._ids[i]: int(self.links[i]) for i in np.flatnonzero(self.links)}
 
     def step(self, index: int, n_selected: int) -> RelationshipStep:
         """Ranking once selected entities [0..index] are in (`n_selected` counts duplicates)."""
@@ -155,8 +166,8 @@ def _name_codes(sources: list[str], targets: list[str]) -> tuple[np.ndarray, np.
 def rank_text_units(
     entity_units: Sequence[Sequence[str]],
     entity_titles: Sequence[str],
-    units: pl.DataFrame,
-    relationships: pl.DataFrame,
+    units: pl.DataFrame | ColumnLists,
+    relationships: pl.DataFrame | ColumnLists,
 ) -> list[str]:
     """Text-unit ids in graphrag's source order: by the position of the first selected entity that
     cites the unit, then by how many of that entity's relationships the unit supports (descending),
@@ -164,12 +175,11 @@ def rank_text_units(
     (id, source, target, text_unit_ids) every relationship touching a selected entity.
 
     Plain Python on purpose: a few hundred ids per build, where Polars' per-call overhead dominates."""
-    unit_relationships = {
-        unit_id: rel_ids or []
-        for unit_id, rel_ids in zip(units["id"].to_list(), units["relationship_ids"].to_list())
-    }
+    units = ColumnLists.of(units, ["id", "relationship_ids"])
+    relationships = ColumnLists.of(relationships, ["id", "source", "target", "text_unit_ids"])
+    unit_relationships = {unit_id: rel_ids or [] for unit_id, rel_ids in zip(units["id"], units["relationship_ids"])}
     touching: dict[str, list[tuple[str, list[str]]]] = {}
-    columns = (relationships[name].to_list() for name in ("id", "source", "target", "text_unit_ids"))
+    columns = (relationships[name] for name in ("id", "source", "target", "text_unit_ids"))
     for rel_id, source, target, cited in zip(*columns):
         for title in {source, target}:
             touching.setdefault(title, []).append((rel_id, cited or []))
