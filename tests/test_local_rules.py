@@ -316,3 +316,24 @@ def test_sources_count_a_relationship_id_as_often_as_the_unit_lists_it():
     # graphrag 3.3.0's count_relationships sums over the unit's list, duplicates included: t0
     # supports A twice and outranks t1 (once), although A cites t1 first. A set would tie them.
     assert rank_text_units([["t1", "t0"]], ["A"], units, relationships) == ["t0", "t1"]
+
+
+def test_report_csv_is_what_the_csv_module_writes():
+    """to_csv quotes in str methods; every field and delimiter here must come out as the csv
+    module (pandas' to_csv) writes it: quotes doubled, delimiter or newline quoted, "\\r" as the
+    running Python writes it, a lone empty field quoted."""
+    import csv
+    import io
+    import itertools
+
+    from drift_lance.local.render import to_csv
+
+    fields = ["", "plain", 'say "hi"', "a|b", "a,b", "line\nbreak", "cr\rhere", "tab\there", " pad ", '"', "é|\n"]
+    for delimiter in ("|", ",", "\t", " "):
+        for width in (1, 2, 3):
+            rows = [list(combo) for combo in itertools.islice(itertools.product(fields, repeat=width), 200)]
+            buffer = io.StringIO()
+            csv.writer(buffer, delimiter=delimiter, quotechar='"', quoting=csv.QUOTE_MINIMAL, lineterminator="\n").writerows(
+                [["id", "title", "content"][:width], *rows]
+            )
+            assert to_csv(["id", "title", "content"][:width], rows, delimiter) == buffer.getvalue(), (delimiter, width)

@@ -191,8 +191,25 @@ def render_csv_section(
 def to_csv(header: Sequence[str], rows: Iterable[Sequence[str]], delimiter: str) -> str:
     """What pandas' DataFrame.to_csv(index=False, sep=delimiter) writes for string columns:
     minimal quoting, doubled quotes, "\\n" line ends."""
+    lines = [header, *rows]
+    if len(delimiter) == 1 and delimiter not in '"\r\n' and all(len(line) > 1 for line in lines):
+        # The csv module's rule, in str methods: ~5x faster on report-sized fields (the writer
+        # copies them character by character). A "\r" is left to the module: Python 3.11 writes it
+        # bare, later versions quote it. A lone empty field is quoted too, hence two fields or more.
+        text = "".join(delimiter.join([_csv_field(field, delimiter) for field in line]) + "\n" for line in lines)
+        if "\r" not in text:
+            return text
+    return _csv_module(lines, delimiter)
+
+
+def _csv_field(field: str, delimiter: str) -> str:
+    if '"' in field:
+        return '"' + field.replace('"', '""') + '"'
+    return '"' + field + '"' if delimiter in field or "\n" in field else field
+
+
+def _csv_module(lines: Iterable[Sequence[str]], delimiter: str) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, delimiter=delimiter, quotechar='"', quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
+    writer.writerows(lines)
     return buffer.getvalue()
