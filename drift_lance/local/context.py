@@ -155,6 +155,7 @@ class CandidateRows:
         self.store = store
         self.frames = dict(frames)
         self.keys = {lookup: set(values) for lookup, values in (keys or {}).items()}  # what was looked up
+        self._columns = {lookup: frozenset(frame.columns) for lookup, frame in self.frames.items()}  # asked ~5x a build
         self._positions: dict[tuple[str, str], dict[Any, list[int]]] = {}
         self._narrowed: dict[tuple[str, str, tuple[str, ...]], pl.DataFrame] = {}  # column subsets asked for
         self._lists: dict[tuple[str, str], ColumnLists] = {}  # each frame's columns as lists, for `pick`
@@ -163,11 +164,11 @@ class CandidateRows:
         self._merged_frames: dict[tuple[str, ...], pl.DataFrame] = {}
 
     def _covers(self, table: str, key: str, values: Sequence[Any], columns: Sequence[str] | None) -> bool:
-        frame = self.frames.get((table, key))
+        held = self._columns.get((table, key))
         return (
-            frame is not None
+            held is not None
             and columns is not None
-            and set(columns) <= set(frame.columns)
+            and held.issuperset(columns)
             and self.keys.get((table, key), set()).issuperset(values)
         )
 

@@ -61,13 +61,14 @@ class TokenCounter:
             self._cache.add(text, cached)
         return cached
 
-    def count_joined(self, pieces: Sequence[str]) -> int:
+    def count_joined(self, pieces: Sequence[str], counted: int | None = None) -> int:
         """Tokens of "".join(pieces), as if encoded whole. The sum of the pieces' counts is exact
         when every boundary falls after a newline and before a character that starts a new
         pre-token on its own (tiktoken's o200k/cl100k split patterns never merge "\\n" with a
-        following letter, digit or punctuation other than "/"): BPE merges never cross pre-tokens."""
+        following letter, digit or punctuation other than "/"): BPE merges never cross pre-tokens.
+        `counted`: that sum, when the caller has it already."""
         if all(_clean_boundary(a, b) for a, b in zip(pieces, pieces[1:])):
-            return sum(self.count(piece) for piece in pieces)
+            return sum(self.count(piece) for piece in pieces) if counted is None else counted
         return self.tokenizer.count("".join(pieces))
 
 
@@ -156,7 +157,7 @@ def render_table_section(
         pieces.append(line)
         kept.append(row)
         used += line_tokens
-    return RenderedSection("".join(pieces), header, kept, counter.count_joined(pieces))
+    return RenderedSection("".join(pieces), header, kept, counter.count_joined(pieces, used))
 
 
 def render_csv_section(
