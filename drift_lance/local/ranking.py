@@ -1,10 +1,10 @@
 """Which records each section offers, in which order: graphrag 3.x's ranking rules on fetched rows.
 
 All functions are pure (Polars frames or column lists / numpy in, ordered rows out) so they can be
-tested on hand-made tables. Input order ties are broken by `human_readable_id`, which is the row order of graphrag's
-parquet files (graphrag keeps its in-memory lists in that order). One exception lives in the
-builder: an empty query's top-degree entities break ties by `id`, as graphrag's entity reader
-groups them by id.
+tested on hand-made tables. Input order ties are broken by `human_readable_id`, which is the row
+order of graphrag's parquet files (graphrag keeps its in-memory lists in that order). One exception
+lives in the builder: an empty query's top-degree entities break ties by `id`, as graphrag's entity
+reader groups them by id.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def rank_reports(
             matches[community] = matches.get(community, 0) + 1
     first_seen = {community: position for position, community in enumerate(matches)}
     columns = ColumnLists.of(reports)
+    if not len(columns):  # an empty frame may have no columns at all
+        return []
     names = list(columns.lists)
     levels = columns["level"] if max_level is not None else [None] * len(columns)
     kept = [
