@@ -229,7 +229,8 @@ class CandidateRows:
             # Both frames are lookups of one table, so their columns have the same types.
             parts = [ColumnLists.of(self.frames[(rel, end)], columns) for end in ("source", "target")]
             both = ColumnLists({name: parts[0][name] + parts[1][name] for name in columns}, len(parts[0]) + len(parts[1]))
-            merged = self._merged[tuple(columns)] = _MergedRelationships(both, _first_per_id(both["id"], both["human_readable_id"]))
+            order = _first_per_id(both["id"], both["human_readable_id"])
+            merged = self._merged[tuple(columns)] = _MergedRelationships(both, order)
         # Ascending positions keep the merged order.
         return sorted(set(positions_of(merged.by_source, titles)).union(positions_of(merged.by_target, titles)))
 
