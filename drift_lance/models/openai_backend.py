@@ -784,7 +784,11 @@ def _params_kwargs(params: ChatParams | None) -> dict[str, Any]:
     return {name: getattr(params, name) for name in fields if getattr(params, name) is not None}
 
 
+@functools.cache
 def _response_format(step: str, response_model: type[BaseModel]) -> dict[str, Any] | None:
+    """The request's response_format for `step`, built once per step and response model (the strict
+    schema's copy and walk took ~10 us of loop CPU a call); shared, so read-only: the SDK only
+    serializes it."""
     if step == "json_schema":
         return response_format_for("json_schema", response_model)
     if step == "json_object_schema":

@@ -66,6 +66,7 @@ def _make_strict(node: Any) -> bool:
     return all(_make_strict(value) for key, value in node.items() if key != "required")
 
 
+@functools.cache  # once per response model: a str, and the schema does not change
 def schema_instruction(model: type[BaseModel]) -> str:
     """System-message text asking for JSON that matches the schema (needed in json_object and
     prompt modes; OpenAI's JSON mode also requires the word JSON in the messages)."""
