@@ -140,6 +140,11 @@ def _first_errors(exc: ValidationError, limit: int = 3) -> str:
 def extract_json(text: str) -> Any:
     """The first JSON object (or array) in `text`, repairing common defects. Raises ValueError.
     A reasoning model's `<think>...</think>` block is skipped: JSON-like text in it is not the answer."""
+    if "<think>" not in text:  # most answers are plain JSON: read them before scanning for fences
+        try:
+            return json.loads(text, strict=False)  # as the stripped text would read: JSON's own blanks
+        except (ValueError, RecursionError):
+            pass
     text = _THINK.sub("", text)
     for candidate in _candidates(text):
         try:
