@@ -178,7 +178,7 @@ class _ConnectionFailures(stop_base):
     def __init__(self, attempts: int, timeout: float):
         self.attempts = attempts
         self.timeout = timeout
-        self.failures = 0  # one instance per call (`_Endpoint.call` builds its AsyncRetrying)
+        self.failures = 0  # one instance per call (`_Endpoint._retried` builds its AsyncRetrying)
 
     def __call__(self, retry_state: RetryCallState) -> bool:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
