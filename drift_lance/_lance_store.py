@@ -33,7 +33,7 @@ import pyarrow as pa
 from drift_lance import schema
 from drift_lance._cache import BoundedCache
 from drift_lance._arguments import one_vector, real_array
-from drift_lance._opening import Opening
+from drift_lance._opening import opening
 from drift_lance._exact import ExactMatrix
 from drift_lance._positions import positions_by_value, positions_of, rows_at
 from drift_lance.config import checked_config
@@ -756,14 +756,15 @@ def _checked_uri(uri: Any) -> str:
     return uri
 
 
-def open_store(
+@opening
+async def open_store(
     uri: str | os.PathLike[str],
     *,
     storage_options: dict[str, str] | None = None,
     config: StoreConfig | Mapping[str, Any] | None = None,
     generation: int | None = None,
     session: Any = None,
-) -> Opening[LanceStore]:
+) -> LanceStore:
     """Open the ingested index at `uri` (any LanceDB URI), pinned to its newest complete manifest
     (or to `generation`). Raises StoreError naming the URI when there is no complete ingest.
 
@@ -776,18 +777,6 @@ def open_store(
             ...
 
     Nothing is opened until it is awaited or entered."""
-    return Opening(lambda: _open_store(uri, storage_options=storage_options, config=config, generation=generation, session=session))
-
-
-async def _open_store(
-    uri: str | os.PathLike[str],
-    *,
-    storage_options: dict[str, str] | None = None,
-    config: StoreConfig | Mapping[str, Any] | None = None,
-    generation: int | None = None,
-    session: Any = None,
-) -> LanceStore:
-    """`open_store` once awaited or entered."""
     uri = _checked_uri(uri)
     config = checked_config(config, StoreConfig, "config") or StoreConfig()
     if storage_options is not None and not isinstance(storage_options, Mapping):  # else an AttributeError on .items()

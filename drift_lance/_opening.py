@@ -13,10 +13,11 @@ leaves no warning. It is a coroutine as far as asyncio is concerned (`asyncio.ru
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
-__all__ = ["Opening"]
+__all__ = ["Opening", "opening"]
 
 
 class _Closable(Protocol):
@@ -24,6 +25,7 @@ class _Closable(Protocol):
 
 
 T = TypeVar("T", bound=_Closable)
+P = ParamSpec("P")
 
 
 class Opening(Coroutine[Any, Any, T], Generic[T]):
@@ -68,3 +70,14 @@ class Opening(Coroutine[Any, Any, T], Generic[T]):
         opened, self._entered = self._entered, None
         if opened is not None:
             await opened.close()
+
+
+def opening(open_: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Opening[T]]:
+    """Decorate an `async def open_*` so that calling it returns an `Opening` (same arguments and
+    docstring), which runs the function only once awaited or entered."""
+
+    @functools.wraps(open_)
+    def opener(*args: P.args, **kwargs: P.kwargs) -> Opening[T]:
+        return Opening(lambda: open_(*args, **kwargs))
+
+    return opener

@@ -103,6 +103,15 @@ def make_search(store, chat, *, builder=None, **config) -> DRIFTSearch:
     )
 
 
+async def searched(search: DRIFTSearch, streamed: bool, query: str = "Who leads the Dulce base?"):
+    """The query's SearchResult, from `search` or from a drained `stream_search`."""
+    if not streamed:
+        return await search.search(query)
+    stream = search.stream_search(query)
+    await stream.text()
+    return stream.result
+
+
 def stages(chat: ScriptedChatModel) -> list[str]:
     return [stage_of(call.messages, call.response_model) for call in chat.calls]
 
@@ -401,12 +410,7 @@ async def test_follow_ups_cut_off_while_waiting_for_a_slot_made_no_model_call(st
     chat = ScriptedChatModel(respond)
     search = make_search(store, chat, drift_k_followups=3, primer_folds=2, n_depth=2, concurrency=1, time_budget=1.0)
     async with asyncio.timeout(30):
-        if streamed:
-            stream = search.stream_search("Who leads the Dulce base?")
-            await stream.text()
-            result = stream.result
-        else:
-            result = await search.search("Who leads the Dulce base?")
+        result = await searched(search, streamed)
     assert stages(chat) == ["hyde", "primer", "primer", "action", "reduce"]
     assert result.llm_calls_categories == {"build_context": 1, "primer": 2, "action": 1, "reduce": 1}
     assert result.llm_calls == len(chat.calls) and result.failures_categories["action"] == 3  # all three cut off
@@ -536,12 +540,7 @@ async def test_each_stage_reports_the_calls_and_tokens_the_model_got_and_reporte
 
     chat = ScriptedChatModel(respond)
     search = make_search(store, chat, drift_k_followups=3, primer_folds=2, n_depth=2)
-    if streamed:
-        stream = search.stream_search("Who leads the Dulce base?")
-        await stream.text()
-        result = stream.result
-    else:
-        result = await search.search("Who leads the Dulce base?")
+    result = await searched(search, streamed)
     assert result.failures == (failing != "nothing")
     reported = {stage: (result.llm_calls_categories[stage], result.prompt_tokens_categories[stage],
                         result.output_tokens_categories[stage]) for stage in STAGE_OF_CALL.values()}
@@ -562,12 +561,7 @@ async def test_a_query_answered_from_the_response_cache_reports_no_calls_or_toke
     results = []
     for _ in range(2):
         search = make_search(store, cached, drift_k_followups=2, primer_folds=2, n_depth=2)
-        if streamed:
-            stream = search.stream_search("Who leads the Dulce base?")
-            await stream.text()
-            results.append(stream.result)
-        else:
-            results.append(await search.search("Who leads the Dulce base?"))
+        results.append(await searched(search, streamed))
     first, repeated = results
     assert first.llm_calls == len(chat.calls) == 8 and first.prompt_tokens == chat.usage.prompt_tokens
     assert repeated.response == first.response

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from drift_lance._arguments import check_open_store
-from drift_lance._opening import Opening
+from drift_lance._opening import opening
 from drift_lance.config import checked_config
 from drift_lance.config.drift import DRIFTSearchConfig
 from drift_lance.config.ingest import StoreConfig
@@ -568,7 +568,8 @@ def _check_parts(store: object, chat_model: object, embedder: object, context_bu
         raise ConfigError(f"tokenizer: expected a tokenizer (`get_tokenizer('o200k_base')`), got {type(tokenizer).__name__}")
 
 
-def open_drift_search(
+@opening
+async def open_drift_search(
     db_uri: str | os.PathLike[str],
     *,
     config: DRIFTSearchConfig | Mapping[str, Any] | None = None,
@@ -579,7 +580,7 @@ def open_drift_search(
     local_config: LocalSearchConfig | Mapping[str, Any] | None = None,
     callbacks: DriftCallbacks | Sequence[DriftCallbacks] = (),
     store_config: StoreConfig | Mapping[str, Any] | None = None,
-) -> Opening[DRIFTSearch]:
+) -> DRIFTSearch:
     """A ready DRIFTSearch on the index at `db_uri`. Models not given are built from
     `model_settings` (default: from the environment; embedded offline models when no OpenAI endpoint
     is configured). `store_config`: how the index is read (ANN probes, caches, storage options), as
@@ -592,25 +593,6 @@ def open_drift_search(
             ...
 
     Nothing is opened until it is awaited or entered."""
-    return Opening(lambda: _open_drift_search(
-        db_uri, config=config, chat_model=chat_model, embedder=embedder, storage_options=storage_options,
-        model_settings=model_settings, local_config=local_config, callbacks=callbacks, store_config=store_config,
-    ))
-
-
-async def _open_drift_search(
-    db_uri: str | os.PathLike[str],
-    *,
-    config: DRIFTSearchConfig | Mapping[str, Any] | None = None,
-    chat_model: ChatModel | None = None,
-    embedder: Embedder | None = None,
-    storage_options: dict[str, str] | None = None,
-    model_settings: ModelSettings | Mapping[str, Any] | None = None,
-    local_config: LocalSearchConfig | Mapping[str, Any] | None = None,
-    callbacks: DriftCallbacks | Sequence[DriftCallbacks] = (),
-    store_config: StoreConfig | Mapping[str, Any] | None = None,
-) -> DRIFTSearch:
-    """`open_drift_search` once awaited or entered."""
     from drift_lance._lance_store import open_store
     from drift_lance.local.context import LocalContextBuilder
     from drift_lance.models import get_chat_model, get_embedder
