@@ -44,6 +44,12 @@ class Loose(BaseModel):
         # a reasoning model's thoughts first (JSON-like text in them is not the answer), or cut off
         ('<think>maybe {"a": 0}?</think>\n{"a": 1}', {"a": 1}),
         ('<think>still thinking {"a": 0', None),
+        ('\n<think>a</think>\n<think>b {"a": 0}</think>\n{"a": 1}', {"a": 1}),
+        # "<think>" after the reasoning is the answer's own text, never cut
+        ('{"a": "the tag <think> in HTML"}', {"a": "the tag <think> in HTML"}),
+        ('<think>hm</think>{"a": "<think>x</think> kept"}', {"a": "<think>x</think> kept"}),
+        ('Sure:\n```json\n{"a": "the tag <think> in HTML"}\n```', {"a": "the tag <think> in HTML"}),
+        ('{"a": "cut at <think> and', {"a": "cut at <think> and"}),
     ],
 )
 def test_extract_json_repairs(text, expected):
@@ -52,6 +58,15 @@ def test_extract_json_repairs(text, expected):
             extract_json(text)
         return
     assert extract_json(text) == expected
+
+
+def test_think_inside_the_json_answer_is_kept():
+    from drift_lance.drift.action import ActionAnswer
+
+    text = '{"response": "the tag <think> in HTML ...", "score": 50, "follow_up_queries": []}'
+    assert parse_structured(text, ActionAnswer).response == "the tag <think> in HTML ..."
+    fenced = f"<think>score it</think>\n```json\n{text}\n```"
+    assert parse_structured(fenced, ActionAnswer).response == "the tag <think> in HTML ..."
 
 
 @pytest.mark.parametrize("questions", ['"Why?"', "null", '["Why?", 3, null]'])

@@ -24,8 +24,10 @@ MODE_CHAIN: tuple[StructuredMode, ...] = ("json_schema", "json_object", "prompt"
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)(?:```|\Z)", re.DOTALL)
 _LITERALS = {"True": "true", "False": "false", "None": "null"}
-# DeepSeek-R1, Qwen3 and other reasoning models served by vLLM / Ollama / llama.cpp think aloud first.
-_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
+# DeepSeek-R1, Qwen3 and other reasoning models served by vLLM / Ollama / llama.cpp think aloud first:
+# only leading blocks (or a leading one cut off unclosed) are reasoning; "<think>" later on, as in a
+# string value of the JSON, is the answer's own text.
+_THINK = re.compile(r"\A(?:\s*<think>.*?(?:</think>|\Z))+", re.DOTALL)
 
 
 # ---------------------------------------------------------------- request side
@@ -139,13 +141,13 @@ def _first_errors(exc: ValidationError, limit: int = 3) -> str:
 
 def extract_json(text: str) -> Any:
     """The first JSON object (or array) in `text`, repairing common defects. Raises ValueError.
-    A reasoning model's `<think>...</think>` block is skipped: JSON-like text in it is not the answer."""
-    if "<think>" not in text:  # most answers are plain JSON: read them before scanning for fences
-        try:
-            return json.loads(text, strict=False)  # as the stripped text would read: JSON's own blanks
-        except (ValueError, RecursionError):
-            pass
-    text = _THINK.sub("", text)
+    A reasoning model's leading `<think>...</think>` block is skipped: JSON-like text in it is not the
+    answer. "<think>" anywhere else (inside a string of the JSON, say) is left as it is."""
+    try:  # most answers are plain JSON (which cannot start with a think block): read them first
+        return json.loads(text, strict=False)  # as the stripped text would read: JSON's own blanks
+    except (ValueError, RecursionError):
+        pass
+    text = _THINK.sub("", text, count=1)
     for candidate in _candidates(text):
         try:
             return json.loads(candidate, strict=False)
