@@ -242,6 +242,27 @@ async def test_a_reasoning_model_that_refuses_temperature_and_top_p_gets_calls_w
     assert streamed.body["stream_options"] == {"include_usage": True}
 
 
+async def test_call_parameters_go_in_one_order_whatever_the_hash_seed(openai_server, openai_settings):
+    """temperature, top_p, max_tokens, n and seed came from a set: their order in the request body
+    changed from process to process with PYTHONHASHSEED. Now ChatParams' field order, on the wire too."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from drift_lance.models.base import ChatParams
+
+    openai_server.queue_chat(Reply(text="ok"))
+    await _chat(openai_settings).complete(USER, params=ChatParams(seed=7, n=1, max_tokens=5, top_p=0.9, temperature=0.1))
+    assert list(openai_server.chat_requests[-1].body)[:7] == ["model", "messages", "temperature", "top_p", "max_tokens", "n", "seed"]
+    script = ("from drift_lance.models.base import ChatParams; from drift_lance.models.openai_backend import _params_kwargs; "
+              "print(*_params_kwargs(ChatParams(0.1, 0.9, 5, 1, 7)))")
+    orders = {subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": seed}, check=True,
+                             cwd=Path(__file__).resolve().parents[1],
+                             capture_output=True, text=True).stdout.strip() for seed in ("0", "1")}
+    assert orders == {"temperature top_p max_tokens n seed"}
+
+
 async def test_a_refused_parameter_is_not_dropped_for_other_models_or_without_a_refusal(openai_server, openai_settings):
     from drift_lance.models.base import ChatParams
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import email.utils
 import functools
 import json
@@ -801,11 +802,14 @@ def _refuses_a_call_parameter(exc: ModelRequestError) -> bool:
     return "max_completion_tokens" in str(exc) or _refused_param(exc) in _DROPPABLE_PARAMS
 
 
+_PARAM_FIELDS = tuple(field.name for field in dataclasses.fields(ChatParams))
+
+
 def _params_kwargs(params: ChatParams | None) -> dict[str, Any]:
     if params is None:
         return {}
-    fields = {"temperature", "top_p", "max_tokens", "n", "seed"}
-    return {name: getattr(params, name) for name in fields if getattr(params, name) is not None}
+    # In ChatParams' field order, not a set's: the body is the same bytes in every process.
+    return {name: value for name in _PARAM_FIELDS if (value := getattr(params, name)) is not None}
 
 
 @functools.cache
