@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from drift_lance.errors import DriftLanceError, StoreError
 
 __all__ = [
-    "AnnCalibration", "IndexStore", "Manifest", "StoreError", "TableInfo", "VectorColumnInfo", "raise_if_generation_gone",
+    "AnnCalibration", "IndexStore", "Manifest", "StoreError", "TableInfo", "VectorColumnInfo", "raise_if_generation_gone", "raise_if_store_failed",
     "same_manifest",
 ]
 
@@ -177,3 +177,15 @@ async def raise_if_generation_gone(store: IndexStore, exc: Exception) -> None:
         f"{store.uri}: generation {store.manifest.generation}, which this store was opened on, was deleted by a later "
         f"ingest{newest}; open the index again (open_drift_search / open_store) to search the current one"
     ) from exc
+
+
+async def raise_if_store_failed(store: IndexStore, exc: Exception) -> None:
+    """For a search that failed with `exc`: the StoreError saying its generation was deleted by a
+    later ingest, else the IndexUnreadableError naming the table whose file is missing or truncated
+    (LanceDB's own "lance error: Not found: <file>, <a Rust source line>" names none), both raised
+    from `exc`, as the CLI reports them. Returns when the store is not at fault. Checks only after a
+    failure, so a search pays nothing for it."""
+    await raise_if_generation_gone(store, exc)
+    check = getattr(store, "raise_if_unreadable", None)  # LanceStore's; another IndexStore may not check
+    if check is not None:
+        await check(exc)

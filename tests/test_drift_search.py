@@ -344,6 +344,37 @@ async def test_a_data_file_deleted_after_open_fails_the_query_naming_the_table(d
     assert stages(chat) == ["hyde", "primer"]
 
 
+async def test_a_reports_file_deleted_after_open_fails_the_python_api_naming_the_table(dulce_db_uri, tmp_path):
+    """community_reports' data deleted after the search opened: DRIFTSearch.search, stream_search
+    and LocalSearch raised LanceDB's bare "RuntimeError: lance error: Not found: ..." from the primer
+    (the CLI named the table). Now the IndexUnreadableError the CLI reports (503 in the service)."""
+    import shutil
+
+    from drift_lance.drift import open_drift_search
+    from drift_lance.errors import IndexUnreadableError
+    from drift_lance.local import LocalContextBuilder, LocalSearch
+
+    copy = tmp_path / "copy"
+    shutil.copytree(dulce_db_uri, copy)
+    chat = ScriptedChatModel(drift_responder())
+    async with await open_drift_search(copy, chat_model=chat, embedder=HashEmbedder(3072),
+                                       config={"seed": 1, "drift_k_followups": 2, "primer_folds": 1},
+                                       store_config={"table_cache_bytes": 0, "vector_cache_bytes": 0}) as search:
+        shutil.rmtree(copy / "community_reports.lance" / "data")
+        unreadable = r"table 'community_reports' at version \d+ cannot be read"
+        with pytest.raises(IndexUnreadableError, match=unreadable) as info:
+            await search.search("Who leads the Dulce base?")
+        assert "Not found" in str(info.value.__cause__)  # LanceDB's own error stays as the cause
+        with pytest.raises(IndexUnreadableError, match=unreadable):
+            await search.stream_search("Who leads the Dulce base?").text()
+        local = LocalSearch(ScriptedChatModel(["answer"]), LocalContextBuilder(search.store), embedder=HashEmbedder(3072))
+        with pytest.raises(IndexUnreadableError, match=unreadable):
+            await local.search("Who leads the Dulce base?")
+        with pytest.raises(IndexUnreadableError, match=unreadable):
+            await local.stream_search("Who leads the Dulce base?").text()
+    assert "reduce" not in stages(chat)
+
+
 async def test_action_timeout_marks_the_action_and_the_search_goes_on(store):
     base = drift_responder()
 

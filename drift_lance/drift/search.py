@@ -49,7 +49,7 @@ from drift_lance.models.base import (
     fit_to_window,
 )
 from drift_lance.models.limits import calls_ranked_from
-from drift_lance.store import IndexStore, raise_if_generation_gone
+from drift_lance.store import IndexStore, raise_if_store_failed
 
 __all__ = ["ContextBuilder", "DRIFTSearch", "DriftStream", "local_config_for_drift", "open_drift_search"]
 
@@ -154,7 +154,7 @@ class DRIFTSearch:
         """Run the whole query (HyDE, primer, `n_depth` epochs of follow-ups, reduce) and return its
         SearchResult; with `reduce=False` the response is the action graph. `callbacks`: progress
         callbacks for this query, after the search's own. Raises ConfigError (empty question, closed
-        search), StoreError, EmbeddingMismatchError or ModelError (every primer fold or the reduce
+        search), StoreError (IndexUnreadableError naming the table for a file that cannot be read), EmbeddingMismatchError or ModelError (every primer fold or the reduce
         failed for good; an empty reduce answer is an EmptyAnswerError; a failed HyDE call falls
         back to the question, a failed follow-up only marks its action: see `result.failures`)."""
         if not isinstance(reduce, bool):  # reduce="no" (a form's value) reduced, reduce=None did not
@@ -164,7 +164,7 @@ class DRIFTSearch:
                 return await self._search(query, reduce=reduce, callbacks=callbacks)
             except Exception as exc:
                 self._raise_if_closed(exc)
-                await raise_if_generation_gone(self.store, exc)
+                await raise_if_store_failed(self.store, exc)
                 raise
 
     async def _search(self, query: str, *, reduce: bool, callbacks: DriftCallbacks | Sequence[DriftCallbacks]) -> SearchResult:
@@ -489,7 +489,7 @@ class DriftStream(GeneratorStream):
                         yield delta
                 except Exception as exc:
                     self._search._raise_if_closed(exc)
-                    await raise_if_generation_gone(self._search.store, exc)
+                    await raise_if_store_failed(self._search.store, exc)
                     raise
 
     async def _deltas(self) -> AsyncIterator[str]:

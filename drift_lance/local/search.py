@@ -34,7 +34,7 @@ from drift_lance.models.base import (
     fit_to_window,
 )
 from drift_lance.models.deadline import deltas_within, within
-from drift_lance.store import raise_if_generation_gone
+from drift_lance.store import raise_if_store_failed
 
 __all__ = ["LocalSearch", "load_local_prompt"]
 
@@ -108,7 +108,7 @@ class LocalSearch:
                 **overrides,
             )
         except Exception as exc:
-            await raise_if_generation_gone(self.builder.store, exc)
+            await raise_if_store_failed(self.builder.store, exc)
             raise
 
     def _config_overrides(self) -> dict[str, Any]:
