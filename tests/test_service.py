@@ -389,6 +389,30 @@ def test_an_empty_answer_is_a_model_error(service_settings, live_server, caplog,
     assert f"{what}: chat model 'scripted' returned an empty answer" in caplog.text
     assert moved(before, after, "drift_lance_searches_finished_total", method=method, outcome="model_error") == 2
     assert moved(before, after, "drift_lance_llm_calls_total", method=method, stage="failed") >= 2
+    # the model's call succeeded, the search found the answer empty: still a model failure, once a search
+    assert moved(before, after, "drift_lance_model_failures_total", kind="empty_answer") == 2
+
+
+@pytest.mark.parametrize("method", ["drift", "local"])
+def test_an_empty_answer_the_model_raises_is_one_model_failure(service_settings, live_server, method):
+    """The model's own EmptyAnswerError (a content filter) for the final answer counts once, not
+    again as the search's empty answer."""
+    from drift_lance.models.base import EmptyAnswerError
+    from drift_lance.testing import ScriptedChatModel
+
+    def answer(messages, params, response_model):
+        reply = drift_responder(messages, params, response_model)
+        return EmptyAnswerError("returned no text: content_filter") if reply == REDUCE_ANSWER else reply
+
+    srv = start(live_server, service_settings, ScriptedChatModel(answer))
+    with srv.client() as client:
+        before = scrape(client)
+        failed = client.post("/v1/search", json={"query": "q", "method": method})
+        with client.stream("POST", "/v1/search/stream", json={"query": "q", "method": method}) as r:
+            events = read_sse(r)
+        after = scrape(client)
+    assert failed.status_code == 502 and events[-1][0] == "error"
+    assert moved(before, after, "drift_lance_model_failures_total", kind="empty_answer") == 2
 
 
 @pytest.mark.parametrize(("failure", "said"), [("timeout", "timed out"), ("connection", "connection failed"),

@@ -190,6 +190,8 @@ class EngineBackend:
                     return await self._drift(store, query, config, on_event)
                 return await self._local(store, query, config, on_event)
             except Exception as exc:
+                if isinstance(self._chat, CountedChat):
+                    self._chat.count_search_failure(exc)
                 await self._raise_if_generation_gone(store, exc)
                 raise
 

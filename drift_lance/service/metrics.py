@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from drift_lance import __version__
 from drift_lance.drift.result import SearchResult
+from drift_lance.errors import first_cause
 from drift_lance.models.base import (
     ChatModel, ChatParams, ChatResult, ChatStream, EmptyAnswerError, GeneratorStream, Message, ModelError,
     ModelRequestError, StructuredOutputError, Usage,
@@ -43,7 +44,7 @@ def model_failure_kind(exc: ModelError) -> str:
         return exc.failure
     if isinstance(exc, StructuredOutputError):
         return "structured_output"
-    if isinstance(exc, EmptyAnswerError):
+    if isinstance(exc, EmptyAnswerError) and not getattr(exc, _COUNTED, False):
         return "empty_answer"
     return "model_error"
 
@@ -83,6 +84,10 @@ def _call_started() -> SearchUsage | None:
     return tally
 
 
+# Set on a ModelError once counted, so the search that fails with it does not count it again.
+_COUNTED = "_drift_lance_model_failure_counted"
+
+
 class CountedChat:
     """A chat model whose calls that fail for good (after the model's own retries) are counted by
     kind, and whose calls go to the running search's `SearchUsage`, however they end. Everything
@@ -100,6 +105,16 @@ class CountedChat:
         search's end is not)."""
         if isinstance(exc, ModelError):
             self._failures.labels(model_failure_kind(exc)).inc()
+            setattr(exc, _COUNTED, True)
+
+    def count_search_failure(self, exc: BaseException) -> None:
+        """A search that failed with `exc`: an empty final answer (a DRIFT reduce, a local answer),
+        which the search's own check raises after a call that succeeded, is a model failure of kind
+        `empty_answer` too; one the model's call raised was counted then, not again."""
+        exc = first_cause(exc)
+        if isinstance(exc, EmptyAnswerError) and not getattr(exc, _COUNTED, False):
+            self._failures.labels(model_failure_kind(exc)).inc()
+            setattr(exc, _COUNTED, True)
 
     async def complete(self, messages: Sequence[Message], *, params: ChatParams | None = None,
                        response_model: Any = None) -> ChatResult:
