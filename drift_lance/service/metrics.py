@@ -44,7 +44,7 @@ def model_failure_kind(exc: ModelError) -> str:
         return exc.failure
     if isinstance(exc, StructuredOutputError):
         return "structured_output"
-    if isinstance(exc, EmptyAnswerError) and not getattr(exc, _COUNTED, False):
+    if isinstance(exc, EmptyAnswerError):
         return "empty_answer"
     return "model_error"
 
@@ -104,15 +104,18 @@ class CountedChat:
         """A call that raised: a ModelError is a model failure (one cut by llm_timeout or by the
         search's end is not)."""
         if isinstance(exc, ModelError):
-            self._failures.labels(model_failure_kind(exc)).inc()
-            setattr(exc, _COUNTED, True)
+            self._count_once(exc)
 
     def count_search_failure(self, exc: BaseException) -> None:
         """A search that failed with `exc`: an empty final answer (a DRIFT reduce, a local answer),
         which the search's own check raises after a call that succeeded, is a model failure of kind
         `empty_answer` too; one the model's call raised was counted then, not again."""
         exc = first_cause(exc)
-        if isinstance(exc, EmptyAnswerError) and not getattr(exc, _COUNTED, False):
+        if isinstance(exc, EmptyAnswerError):
+            self._count_once(exc)
+
+    def _count_once(self, exc: ModelError) -> None:
+        if not getattr(exc, _COUNTED, False):
             self._failures.labels(model_failure_kind(exc)).inc()
             setattr(exc, _COUNTED, True)
 
