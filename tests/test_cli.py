@@ -218,6 +218,38 @@ def test_query_on_a_database_missing_a_data_file_exits_2_naming_it_before_any_mo
         assert server.requests == []
 
 
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_inspect_of_a_database_with_a_damaged_data_file_names_it_keeps_the_report_and_exits_2(dulce_db_uri, tmp_path, damage):
+    """`drift-lance inspect` on a copy whose text_units data file was deleted or truncated listed
+    every table as usual, exit 0, while `query` refused the same database: the damaged table is now
+    marked in the report (text and --json), and the error naming the file goes to stderr, exit 2."""
+    import shutil
+
+    partial = tmp_path / "partial"
+    shutil.copytree(dulce_db_uri, partial)
+    (data_file,) = (partial / "text_units.lance" / "data").iterdir()
+    if damage == "deleted":
+        data_file.unlink()
+        problem = f"file {data_file} is missing"
+    else:
+        os.truncate(data_file, 100)
+        problem = f"file {data_file} is 100 bytes"
+    proc = drift_lance("inspect", "--db", str(partial))
+    assert_one_line_error(proc, "drift-lance inspect: error: ", "table 'text_units'", problem)
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.split()}
+    assert "UNREADABLE" in rows["text_units"]
+    assert "id:BTree" in rows["entities"] and "UNREADABLE" not in rows["entities"]  # the healthy tables still shown
+    assert rows["generation"].startswith("generation 1")
+
+    proc = drift_lance("inspect", "--db", str(partial), "--json")
+    assert_one_line_error(proc, "table 'text_units'", problem)
+    info = json.loads(proc.stdout)
+    assert len(info["problems"]) == 1 and problem in info["problems"][0]
+    assert info["tables"]["text_units"]["problem"] == info["problems"][0]
+    assert info["tables"]["entities"]["problem"] is None and info["tables"]["entities"]["indexes"]
+    assert info["manifest"]["generation"] == 1
+
+
 @pytest.mark.parametrize("shadow", ["ingest.py", "ingest/__init__.py"])
 def test_python_m_ingest_from_a_folder_with_its_own_ingest_module_uses_ours(dulce_dir, tmp_path, shadow):
     """`python -m drift_lance ingest` puts the working directory first on sys.path: a user's own

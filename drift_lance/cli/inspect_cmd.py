@@ -26,36 +26,63 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 async def describe(uri: str, storage_options: dict[str, str] | None = None, config: Any = None) -> dict[str, Any]:
-    """The database at `uri` as a JSON-able dict: manifest, generations, per-table details."""
+    """The database at `uri` as a JSON-able dict: manifest, generations, per-table details. A table
+    whose files cannot be read (one missing or truncated, a table folder gone) keeps its manifest
+    entry, with the error naming the table and file in its `problem` and in `problems`."""
     from drift_lance._lance_store import cache_overflow_warning, open_store
-    from drift_lance.cli.ingest_cmd import probing_line
 
     store = await open_store(uri, storage_options=storage_options, config=config)
     try:
-        tables = {}
-        for name, info in store.manifest.tables.items():
-            vec = store.manifest.vectors.get(name)
-            tables[name] = {
-                "rows": info.rows,
-                "version": info.version,
-                "vector_index": info.vector_index,
-                "indexes": await store.indexes(name),
-                "vector_index_bytes": await store.vector_index_bytes(name) if info.vector_index else None,
-                "dimension": vec.dimension if vec else None,
-                "embedding_model": vec.model if vec else None,
-            }
+        tables = {name: await _describe_table(store, name) for name in store.manifest.tables}
         generations = await store.generations()
         probing = {
-            name: probing_line(info, store.config.search) + _clamp_note(info, store.config.search)
+            name: _probing_line(info, store.config.search)
             + _warning_note(cache_overflow_warning(name, tables[name]["vector_index_bytes"], store.config.index_cache_bytes))
-            for name, info in store.manifest.tables.items() if info.vector_index
+            for name, info in store.manifest.tables.items() if info.vector_index and not tables[name]["problem"]
         }
         return {
             "uri": uri, "generations": generations, "manifest": store.manifest.model_dump(mode="json"),
             "tables": tables, "probing": probing,
+            "problems": [t["problem"] for t in tables.values() if t["problem"]],
         }
     finally:
         await store.close()
+
+
+async def _describe_table(store: Any, name: str) -> dict[str, Any]:
+    """One table's row of the report. On a local database its files are checked first, as `query`
+    checks them at open (present at their recorded sizes), then read a little each (index files too):
+    the report said a database with a deleted or truncated data file was whole, exit 0."""
+    from drift_lance._lance_store import is_local_uri
+    from drift_lance.errors import StoreError
+
+    info = store.manifest.tables[name]
+    vec = store.manifest.vectors.get(name)
+    entry: dict[str, Any] = {
+        "rows": info.rows, "version": info.version, "vector_index": info.vector_index, "indexes": {},
+        "vector_index_bytes": None, "dimension": vec.dimension if vec else None,
+        "embedding_model": vec.model if vec else None, "problem": None,
+    }
+    try:
+        if is_local_uri(store.uri):
+            await store.check_files_present(name)
+            await store.check_readable(name)
+        entry["indexes"] = await store.indexes(name)
+        entry["vector_index_bytes"] = await store.vector_index_bytes(name) if info.vector_index else None
+    except StoreError as exc:
+        entry["problem"] = str(exc)
+    except Exception as exc:  # noqa: BLE001 - LanceDB's own error for a missing object: name the table when it is one
+        unreadable = await store.unreadable_error(exc)
+        if unreadable is None:
+            raise
+        entry["problem"] = str(unreadable)
+    return entry
+
+
+def _probing_line(info: Any, tuning: Any) -> str:
+    from drift_lance.cli.ingest_cmd import probing_line
+
+    return probing_line(info, tuning) + _clamp_note(info, tuning)
 
 
 def _clamp_note(info: Any, tuning: Any) -> str:
@@ -71,7 +98,7 @@ def _warning_note(warning: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drift_lance.cli import UsageError, json_text
+    from drift_lance.cli import EXIT_USAGE, UsageError, json_text
     from drift_lance.cli.ingest_cmd import parse_storage_options
     from drift_lance.config.settings import Settings
 
@@ -82,7 +109,14 @@ def run(args: argparse.Namespace) -> int:
     info = asyncio.run(describe(settings.db, parse_storage_options(args.storage_options), settings.store))
     if args.json:
         print(json_text(info))
-        return 0
+    else:
+        print_report(info)
+    for problem in info["problems"]:  # the rest of the report stands; the database does not serve queries
+        print(f"drift-lance inspect: error: {problem}", file=sys.stderr)
+    return EXIT_USAGE if info["problems"] else 0
+
+
+def print_report(info: dict[str, Any]) -> None:
     m = info["manifest"]
     out = sys.stdout
     print(f"database   {info['uri']}", file=out)
@@ -95,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     for name, t in info["tables"].items():
         vectors = f"{t['dimension']}-d {t['embedding_model']}" if t["dimension"] else "-"
         indexes = ", ".join(f"{col}:{kind}" for col, kind in t["indexes"].items()) or "-"
+        if t["problem"]:
+            indexes = "UNREADABLE (the error below names the file)"
         print(f"{name:<18} {t['rows']:>9} {t['version']:>7}  {vectors:<40} {indexes}", file=out)
     for line in info["probing"].values():
         print(line, file=out)
-    return 0
