@@ -265,6 +265,39 @@ def test_python_m_ingest_from_a_folder_with_its_own_ingest_module_uses_ours(dulc
     assert "generation 1" in proc.stdout and (project / "db" / "entities.lance").is_dir()
 
 
+# `python -m drift_lance` with the demo's embedded models replaced by a hash embedder and the scripted
+# DRIFT model (the real ones take minutes on two cores); `python -c` puts the working directory first
+# on sys.path as `-m` does.
+SCRIPTED_DEMO = """
+import runpy
+
+import drift_lance.models as models
+from drift_lance.testing import HashEmbedder
+from fixtures.service import scripted_drift_model
+
+models.get_embedder = lambda settings: HashEmbedder(64)
+models.get_chat_model = lambda settings: scripted_drift_model()
+runpy.run_module("drift_lance", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("shadow", ["ingest.py", "ingest/__init__.py"])
+def test_python_m_demo_from_a_folder_with_its_own_ingest_module_uses_ours(tmp_path, shadow):
+    """The demo's ingest step imported `ingest` by sys.path too: from a folder holding the user's own
+    `ingest.py` (or `ingest/`) it ran that module instead of ingesting the sample."""
+    from fixtures.service import REDUCE_ANSWER
+
+    project = tmp_path / "project"
+    (project / shadow).parent.mkdir(parents=True, exist_ok=True)
+    (project / shadow).write_text("raise SystemExit('the user ingest module was imported')\n")
+    proc = subprocess.run([sys.executable, "-c", SCRIPTED_DEMO, "demo", "--workdir", "work"],
+                          capture_output=True, text=True, env=cli_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")])),
+                          cwd=project, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ingesting the sample index" in proc.stderr and REDUCE_ANSWER in proc.stdout
+    assert (project / "work" / "lancedb" / "entities.lance").is_dir()
+
+
 def test_an_ingest_module_imported_before_ours_is_named(monkeypatch, tmp_path):
     import types
 
