@@ -316,6 +316,38 @@ async def test_open_tables_refuses_a_missing_or_truncated_data_file_naming_table
         await store.close()
 
 
+async def test_manifest_reader_lists_the_data_files_pylance_lists(dulce_store):
+    """`open_tables` confirms a healthy local database from each version's manifest, read without
+    pylance (whose import and runtime cost +35 MB resident): the files and recorded sizes it reads
+    must be the ones pylance reports, for every table (a Lance upgrade changing the manifest shows
+    here; the reader only ever confirms, so a damaged file is still worded by pylance)."""
+    from drift_lance._lance_manifest import listed_data_files
+
+    for table, info in dulce_store.manifest.tables.items():
+        handle = await dulce_store._table(table)
+        dataset = await handle.to_lance()
+        expected = [(Path(dataset.uri) / "data" / f.path, f.file_size_bytes)
+                    for fragment in dataset.get_fragments() for f in fragment.metadata.files]
+        assert listed_data_files(Path(await handle.uri()), info.version) == expected, table
+        assert await dulce_store._files_confirmed(table, handle, info.version), table
+
+
+def test_open_tables_of_a_healthy_database_leaves_pylance_unimported(dulce_db_uri):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import asyncio, sys\nfrom drift_lance._lance_store import open_store\n"
+            "async def main():\n    store = await open_store(sys.argv[1])\n    await store.open_tables()\n    await store.close()\n"
+            "asyncio.run(main())\nprint('lance' in sys.modules)")
+    import drift_lance
+
+    env = {**os.environ, "PYTHONPATH": str(Path(drift_lance.__file__).parents[1])}  # this checkout's drift_lance
+    proc = subprocess.run([sys.executable, "-c", code, str(dulce_db_uri)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
 async def test_unknown_table_is_a_store_error(dulce_store):
     assert not dulce_store.has_table("claims")
     with pytest.raises(StoreError, match="'claims'"):
