@@ -224,14 +224,9 @@ class LanceStore:
             if fragment.deletion_file is not None and fragment.deletion_file.base_id is None:
                 files.append((root / fragment.deletion_file.path(fragment.id), None))
             for path, expected in files:
-                try:
-                    size = path.stat().st_size
-                except FileNotFoundError:
-                    problem = "is missing"
-                else:
-                    if not expected or size == expected:
-                        continue
-                    problem = f"is {size:,} bytes, not the {expected:,} that version wrote (truncated?)"
+                problem = _file_problem(path, expected)
+                if problem is None:
+                    continue
                 raise IndexUnreadableError(f"{self.uri}: table {table!r} at version {version} cannot be read: file {path} {problem}; the database "
                                  "folder is incomplete (a partial copy or sync, or a deleted file): copy it whole, or ingest again")
 
@@ -247,14 +242,10 @@ class LanceStore:
         listed = listed_data_files(Path(root), version)
         if listed is None or (not listed and self.manifest.tables[table].rows):
             return False
-        for path, expected in listed:
-            try:
-                size = path.stat().st_size
-            except OSError:
-                return False
-            if expected and size != expected:
-                return False
-        return True
+        try:
+            return all(_file_problem(path, expected) is None for path, expected in listed)
+        except OSError:  # a file that cannot be stat-ed: pylance decides and words it
+            return False
 
     # ------------------------------------------------------------------ search
 
@@ -769,6 +760,17 @@ def _checked_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
         raise ConfigError(f"k: expected a whole number >= 0, got {k!r}")
     return int(k)
+
+
+def _file_problem(path: Path, expected: int | None) -> str | None:
+    """What is wrong with a table file expected at `expected` bytes (None or 0: any size), or None."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "is missing"
+    if not expected or size == expected:
+        return None
+    return f"is {size:,} bytes, not the {expected:,} that version wrote (truncated?)"
 
 
 def _checked_uri(uri: Any) -> str:

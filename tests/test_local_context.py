@@ -189,10 +189,10 @@ async def test_prefetched_relationships_touching_titles(dulce_store):
         return touching.sort("human_readable_id")["id"].to_list()
 
     for wanted in (covered, covered[2:4], covered[:1]):
-        picked = rows.relationships_touching(wanted, columns)
-        assert picked is not None and picked["id"].to_list() == expected(wanted)
-    assert rows.relationships_touching([covered[0], other], columns) is None
-    assert rows.relationships_touching(covered, [*columns, "description"]) is None
+        picked = rows.relationship_lists(wanted, columns)
+        assert picked is not None and picked["id"] == expected(wanted)
+    assert rows.relationship_lists([covered[0], other], columns) is None
+    assert rows.relationship_lists(covered, [*columns, "description"]) is None
 
 
 def test_token_count_cache_is_shared_and_bounded():

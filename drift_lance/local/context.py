@@ -160,9 +160,8 @@ class CandidateRows:
         self._positions: dict[tuple[str, str], dict[Any, list[int]]] = {}
         self._narrowed: dict[tuple[str, str, tuple[str, ...]], pl.DataFrame] = {}  # column subsets asked for
         self._lists: dict[tuple[str, str], ColumnLists] = {}  # each frame's columns as lists, for `pick`
-        # Per column list: relationships by source and by target merged (as lists; as a frame when asked).
+        # Per column list: relationships by source and by target merged, as lists.
         self._merged: dict[tuple[str, ...], _MergedRelationships] = {}
-        self._merged_frames: dict[tuple[str, ...], pl.DataFrame] = {}
 
     def _covers(self, table: str, key: str, values: Sequence[Any], columns: Sequence[str] | None) -> bool:
         held = self._columns.get((table, key))
@@ -198,23 +197,11 @@ class CandidateRows:
             positions = self._positions[(table, key)] = positions_by_value(self.frames[(table, key)][key].to_list())
         return positions_of(positions, values)
 
-    def relationships_touching(self, titles: Sequence[str], columns: Sequence[str]) -> pl.DataFrame | None:
+    def relationship_lists(self, titles: Sequence[str], columns: Sequence[str]) -> ColumnLists | None:
         """Relationships whose source or target is in `titles`, each once, by human_readable_id: what
         a build gets from its by-source and by-target lookups concatenated, first row per id kept and
         sorted, picked out of the rows merged once for the prefetch. None when the prefetch did not
         cover these titles or columns."""
-        picked = self._touching(titles, columns)
-        if picked is None:
-            return None
-        frame = self._merged_frames.get(tuple(columns))
-        if frame is None:
-            parts = [self.frames[(schema.RELATIONSHIPS, end)].select(list(columns)) for end in ("source", "target")]
-            frame = rows_at(pl.concat(parts, how="vertical_relaxed"), self._merged[tuple(columns)].order)
-            self._merged_frames[tuple(columns)] = frame
-        return rows_at(frame, picked)
-
-    def relationship_lists(self, titles: Sequence[str], columns: Sequence[str]) -> ColumnLists | None:
-        """`relationships_touching` as column lists."""
         picked = self._touching(titles, columns)
         return None if picked is None else self._merged[tuple(columns)].rows.pick(picked)
 
@@ -236,11 +223,10 @@ class CandidateRows:
 
 
 class _MergedRelationships:
-    """A prefetch's by-source and by-target relationship rows, concatenated (`order` picks the
-    merged rows out of them), with positions by end."""
+    """A prefetch's by-source and by-target relationship rows, merged (`order` picks them out of the
+    two concatenated), with positions by end."""
 
     def __init__(self, concatenated: ColumnLists, order: list[int]):
-        self.order = order
         self.rows = concatenated.pick(order)
         self.by_source = positions_by_value(self.rows["source"])
         self.by_target = positions_by_value(self.rows["target"])
